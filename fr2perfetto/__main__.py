@@ -1,0 +1,5 @@
+"""``python -m fr2perfetto``."""
+
+from .cli import main
+
+main()

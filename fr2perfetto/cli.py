@@ -1,0 +1,107 @@
+"""The ``fr2perfetto`` command line: a thin typer layer over load -> match -> diagnose -> emit.
+
+Every error a user can cause ends in a one-line message and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .convert import convert_job
+from .job import Job, load_job
+
+app = typer.Typer(
+    name="fr2perfetto",
+    help="Turn PyTorch Flight Recorder dumps of every rank into one Perfetto trace, and name what hung the job.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
+
+Inputs = Annotated[
+    list[str], typer.Argument(help="Dump files, directories of dumps, or glob patterns.", show_default=False)
+]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that read dumps in parallel (default: all cores).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors (and the report with --json).")]
+
+
+def _load(inputs: list[str], jobs: int, quiet: bool) -> Job:
+    """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
+    job = load_job(inputs, jobs=jobs or (os.cpu_count() or 1))
+    for problem in job.problems:
+        level = "error" if problem.fatal else "warning"
+        err.print(f"[bold red]{level}[/]: {problem}" if problem.fatal else f"[yellow]{level}[/]: {problem}")
+    if not job.dumps:
+        err.print("[bold red]error[/]: no dump could be read from " + ", ".join(inputs))
+        raise typer.Exit(EXIT_UNUSABLE)
+    return job
+
+
+@app.command(
+    epilog="Examples:\n\n  fr2perfetto convert dumps/ -o crash.pftrace\n\n"
+    "  fr2perfetto convert 'dumps/nccl_trace_rank_*' -o crash.pftrace"
+)
+def convert(
+    inputs: Inputs,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write.")] = Path("trace.pftrace"),
+    jobs: Jobs = 0,
+    quiet: Quiet = False,
+) -> None:
+    """Write one Perfetto trace of every rank: a process per rank, a track per process group."""
+    job = _load(inputs, jobs, quiet)
+    try:
+        result = convert_job(job, str(output))
+    except OSError as error:
+        err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
+        raise typer.Exit(EXIT_UNUSABLE) from None
+    if not quiet:
+        stats = result.stats
+        size = os.path.getsize(output)
+        out.print(
+            f"Wrote [bold]{output}[/] ({_human_size(size)}): {stats.processes} ranks, {len(job.groups)} groups, "
+            f"{stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers."
+        )
+        out.print("Open it at https://ui.perfetto.dev (Open trace file).")
+
+
+def _human_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    return f"{size} B"
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"fr2perfetto {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """fr2perfetto: Flight Recorder dumps to Perfetto traces and a verdict."""
+
+
+def main() -> None:
+    """Entry point of the console script; turns Ctrl-C into a one-line message."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,162 @@
+"""Load every rank's dump of a job and work out its process groups.
+
+``load_job`` is the I/O edge: it expands the inputs, reads the files (in parallel when asked),
+collects one ``LoadProblem`` per bad file and resolves groups. ``resolve_groups`` is pure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from .files import expand_inputs
+from .model import Group, LoadProblem, RankDump
+from .reader import DumpError, read_dump
+
+
+@dataclass(slots=True)
+class Job:
+    """All that was read of one job: the dumps by rank, its groups and what went wrong."""
+
+    dumps: dict[int, RankDump]
+    groups: list[Group]
+    # (rank, group name) -> the group that name means on that rank.
+    group_of: dict[tuple[int, str], Group]
+    problems: list[LoadProblem] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank known: those with a dump and every member of a group."""
+        known = set(self.dumps)
+        for group in self.groups:
+            known.update(group.members)
+        return sorted(known)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks that are members of a group but left no dump."""
+        return [r for r in self.ranks if r not in self.dumps]
+
+    def groups_of_rank(self, rank: int) -> list[Group]:
+        return [g for g in self.groups if rank in g.members]
+
+
+def _read_one(path: str) -> RankDump | LoadProblem:
+    try:
+        return read_dump(path)
+    except DumpError as error:
+        return LoadProblem(path, str(error))
+
+
+def read_files(
+    paths: list[str], jobs: int = 1, progress: Callable[[int], None] | None = None
+) -> Iterable[RankDump | LoadProblem]:
+    """Read each file into a dump or a problem, in the order given, over ``jobs`` processes."""
+    if jobs <= 1 or len(paths) < 4:
+        for path in paths:
+            result = _read_one(path)
+            if progress:
+                progress(1)
+            yield result
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for result in pool.map(_read_one, paths, chunksize=max(1, len(paths) // (jobs * 8))):
+            if progress:
+                progress(1)
+            yield result
+
+
+def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int], None] | None = None) -> Job:
+    """Read all dumps named by ``inputs`` (directories, files, globs) into a ``Job``."""
+    paths, unmatched = expand_inputs(inputs)
+    problems = [LoadProblem(item, "no such file or directory, or no dump in it") for item in unmatched]
+    dumps: dict[int, RankDump] = {}
+    for result in read_files(paths, jobs if jobs is not None else (os.cpu_count() or 1), progress):
+        if isinstance(result, LoadProblem):
+            problems.append(result)
+            continue
+        if result.rank in dumps:
+            problems.append(
+                LoadProblem(result.path, f"rank {result.rank} was already read from {dumps[result.rank].path}; skipped")
+            )
+            continue
+        if result.skipped_entries:
+            problems.append(
+                LoadProblem(
+                    result.path,
+                    f"{result.skipped_entries} malformed entries skipped ({result.skipped_reason})",
+                    fatal=False,
+                )
+            )
+        dumps[result.rank] = result
+    return build_job(dumps, problems)
+
+
+def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = None) -> Job:
+    """Make a ``Job`` from dumps already read."""
+    ordered = dict(sorted(dumps.items()))
+    groups, group_of = resolve_groups(ordered)
+    return Job(ordered, groups, group_of, list(problems or []))
+
+
+def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[int, str], Group]]:
+    """Identify the job's process groups by name plus members, and what each name means per rank.
+
+    Members come from a rank's own ``pg_config``, else from another rank's that lists it, else
+    (gloo, whose ``pg_config`` is broken) from the ranks that have entries under that name.
+    """
+    used: dict[str, set[int]] = defaultdict(set)  # name -> ranks with entries under it
+    descs: dict[str, Counter[str]] = defaultdict(Counter)
+    for rank, dump in dumps.items():
+        for entry in dump.entries:
+            used[entry.group_name].add(rank)
+            if entry.group_desc:
+                descs[entry.group_name][entry.group_desc] += 1
+    configured: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    config_desc: dict[str, str] = {}
+    for dump in dumps.values():
+        for name, config in dump.pg_config.items():
+            if config.ranks:
+                configured[name].add(config.ranks)
+                if config.desc:
+                    config_desc.setdefault(name, config.desc)
+
+    def members_for(rank: int, name: str) -> tuple[int, ...]:
+        own = dumps[rank].pg_config.get(name) if rank in dumps else None
+        if own and own.ranks and rank in own.ranks:
+            return own.ranks
+        for ranks in sorted(configured.get(name, ())):
+            if rank in ranks:
+                return ranks
+        return tuple(sorted(used[name]))
+
+    keyed: dict[tuple[str, tuple[int, ...]], None] = {}
+    membership: dict[tuple[int, str], tuple[int, ...]] = {}
+    for name, ranks in used.items():
+        for rank in ranks:
+            members = members_for(rank, name)
+            membership[(rank, name)] = members
+            keyed[(name, members)] = None
+    for name, member_sets in configured.items():
+        for members in member_sets:
+            keyed[(name, members)] = None
+
+    def sort_key(key: tuple[str, tuple[int, ...]]) -> tuple[int, str, tuple[int, ...]]:
+        name, members = key
+        return (int(name) if name.isdigit() and len(name) < 18 else 2**62, name, members)
+
+    groups: dict[tuple[str, tuple[int, ...]], Group] = {}
+    for order, key in enumerate(sorted(keyed, key=sort_key)):
+        name, members = key
+        desc = descs[name].most_common(1)[0][0] if descs[name] else config_desc.get(name, "")
+        groups[key] = Group(name=name, desc=desc, members=members, order=order)
+    group_of: dict[tuple[int, str], Group] = {}
+    for (name, members), group in groups.items():
+        for rank in members:
+            group_of.setdefault((rank, name), group)
+    for (rank, name), members in membership.items():
+        group_of[(rank, name)] = groups[(name, members)]
+    return list(groups.values()), group_of

@@ -1,0 +1,188 @@
+"""Line up the same op across ranks.
+
+Collectives match on (group, collective seq), point-to-point ops on (group, source, destination,
+p2p seq), where group means name plus members. Every entry is visited a constant number of times
+(hash joins), so the cost grows linearly with the number of entries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from .job import Job
+from .model import (
+    COMPLETED,
+    INCOMPLETE,
+    MISMATCH,
+    MISSING,
+    OK,
+    STUCK,
+    Entry,
+    Group,
+    MatchedOp,
+    head_entry,
+    state_entry,
+)
+
+# Ops whose input sizes must agree on every rank. Others (gather, scatter, all_to_all, p2p) may
+# legitimately differ between ranks.
+SAME_SIZE_OPS = frozenset(
+    {
+        "all_reduce",
+        "allreduce",
+        "broadcast",
+        "_broadcast_oop",
+        "reduce",
+        "all_gather",
+        "allgather",
+        "_allgather_base",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "_reduce_scatter_base",
+        "reduce_scatter_tensor",
+        "all_reduce_barrier",
+        "barrier",
+    }
+)
+
+CollectiveKey = tuple[Group, int]
+P2PKey = tuple[Group, int, int, int]
+
+
+def link_coalesced(job: Job) -> None:
+    """Point every op inside a coalesced group at the entry that closes it (``Entry.closed_by``).
+
+    A coalesced group is a run of entries of one group on one rank sharing a seq (the p2p seq for
+    point-to-point batches), ended by a ``coalesced`` / ``*_coalesced`` entry.
+    """
+    for dump in job.dumps.values():
+        open_runs: dict[tuple[str, bool, int], list[Entry]] = {}
+        for entry in dump.entries:
+            seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
+            key = (entry.group_name, entry.is_p2p, seq)
+            if entry.is_coalesced_end:
+                for inner in open_runs.pop(key, ()):
+                    inner.closed_by = entry
+            else:
+                open_runs.setdefault(key, []).append(entry)
+
+
+def match_ops(job: Job) -> list[MatchedOp]:
+    """Every op of the job, matched across ranks and classified, in the order the ops began."""
+    link_coalesced(job)
+    collectives: dict[CollectiveKey, dict[int, list[Entry]]] = defaultdict(dict)
+    p2p: dict[P2PKey, dict[int, list[Entry]]] = defaultdict(dict)
+    covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
+    for rank, dump in job.dumps.items():
+        for entry in dump.entries:
+            group = job.group_of[(rank, entry.group_name)]
+            if entry.is_p2p:
+                if entry.p2p_local is None:
+                    continue  # the closing entry of a p2p batch; its state lives on in closed_by
+                src, dst = (group.global_rank(x) for x in entry.p2p_local)
+                if src is None or dst is None:
+                    src, dst = entry.p2p_local  # trust the numbers rather than drop the op
+                p2p[(group, src, dst, entry.p2p_seq)].setdefault(rank, []).append(entry)
+                continue
+            collectives[(group, entry.collective_seq)].setdefault(rank, []).append(entry)
+            span = covered.get((rank, group))
+            if span is None:
+                covered[(rank, group)] = [entry.collective_seq, entry.collective_seq]
+            elif entry.collective_seq > span[1]:
+                span[1] = entry.collective_seq
+            elif entry.collective_seq < span[0]:
+                span[0] = entry.collective_seq
+
+    ops: list[MatchedOp] = []
+    for (group, seq), entries in collectives.items():
+        op = MatchedOp(group=group, kind="collective", seq=seq, entries=entries)
+        _find_absent(op, job, covered)
+        ops.append(op)
+    for (group, src, dst, seq), entries in p2p.items():
+        op = MatchedOp(group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst))
+        absent = [r for r in (src, dst) if r not in entries]
+        op.missing = tuple(r for r in absent if r in job.dumps)
+        op.unknown = tuple(r for r in absent if r not in job.dumps)
+        ops.append(op)
+    ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
+    for number, op in enumerate(ops, start=1):
+        op.op_key = number
+        classify(op)
+    return ops
+
+
+def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
+    """Sort the members without an entry into ``missing`` (never issued) and ``unknown``."""
+    missing: list[int] = []
+    unknown: list[int] = []
+    for rank in op.group.members:
+        if rank in op.entries:
+            continue
+        dump = job.dumps.get(rank)
+        if dump is None:
+            unknown.append(rank)
+            continue
+        span = covered.get((rank, op.group))
+        if span is not None and op.seq > span[1]:
+            missing.append(rank)  # it never got this far: the classic hang
+        elif dump.may_have_wrapped and (span is None or op.seq < span[0]):
+            unknown.append(rank)  # older than what its ring buffer still holds
+        else:
+            missing.append(rank)
+    op.missing, op.unknown = tuple(missing), tuple(unknown)
+
+
+def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
+    inner = [e for e in entries if not e.is_coalesced_end] or entries
+    if what == "op":
+        return tuple(e.op for e in inner)
+    if what == "size":
+        return tuple(e.input_sizes for e in inner)
+    return tuple(e.input_dtypes for e in inner)
+
+
+def classify(op: MatchedOp) -> None:
+    """Set ``op.status`` (and the mismatch fields) from the entries each rank holds."""
+    if op.missing:
+        op.status = MISSING
+        return
+    if op.kind == "collective" and len(op.entries) > 1:
+        for what in ("op", "size", "dtype"):
+            if what == "size" and op.name not in SAME_SIZE_OPS:
+                continue
+            signatures = {rank: _signature(entries, what) for rank, entries in op.entries.items()}
+            counts = Counter(signatures.values())
+            if len(counts) > 1:
+                op.status = MISMATCH
+                op.mismatch = what
+                op.mismatch_ranks = minority(signatures)
+                return
+    if op.kind == "p2p" and op.peers and len(op.entries) == 2:
+        sizes = {head_entry(e).input_sizes or head_entry(e).output_sizes for e in op.entries.values()}
+        dtypes = {head_entry(e).input_dtypes or head_entry(e).output_dtypes for e in op.entries.values()}
+        if len(sizes) > 1 or len(dtypes) > 1:
+            op.status, op.mismatch = MISMATCH, "size" if len(sizes) > 1 else "dtype"
+            op.mismatch_ranks = ()
+            return
+    states = [state_entry(entries) for entries in op.entries.values()]
+    pending = [e for e in states if e.state != COMPLETED and tracks_completion(e)]
+    if not pending:
+        op.status = OK  # done, or nothing says otherwise: gloo records no completion
+    elif len(pending) == len(states) and not op.unknown:
+        op.status = STUCK  # everyone is in it and nobody came out
+    else:
+        op.status = INCOMPLETE
+
+
+def tracks_completion(entry: Entry) -> bool:
+    """Whether the entry's backend records completion (NCCL and its kin do; gloo never does)."""
+    return entry.backend not in ("gloo", "c10d") or entry.state != "scheduled"
+
+
+def minority(signatures: dict[int, tuple[object, ...]]) -> tuple[int, ...]:
+    """Ranks whose value differs from the majority; with no strict majority, every rank."""
+    counts = Counter(signatures.values())
+    (top, top_count), *rest = counts.most_common()
+    if rest and rest[0][1] == top_count:
+        return tuple(sorted(signatures))
+    return tuple(sorted(rank for rank, sig in signatures.items() if sig != top))

@@ -1,0 +1,203 @@
+"""The data model every stage shares: what a dump holds, once normalised.
+
+Plain dataclasses with slots. A reader turns each file into a ``RankDump``; the matcher groups
+``Entry`` objects of many ranks into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# States as PyTorch's writer spells them.
+SCHEDULED = "scheduled"
+STARTED = "started"
+COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Python stack frame of the code that issued an op."""
+
+    name: str
+    filename: str
+    line: int
+
+
+@dataclass(slots=True)
+class Entry:
+    """One Flight Recorder entry (one op on one rank), whatever the dump's version or format."""
+
+    rank: int
+    group_name: str
+    group_desc: str
+    pg_id: int
+    record_id: int
+    collective_seq: int
+    p2p_seq: int
+    op_id: int
+    backend: str
+    op: str
+    # For send/recv: (source, destination) as group-local ranks, as PyTorch writes them.
+    p2p_local: tuple[int, int] | None
+    is_p2p: bool
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+    state: str
+    retired: bool
+    time_created_ns: int
+    time_started_ns: int | None
+    time_completed_ns: int | None
+    duration_ms: float | None
+    timeout_ms: int | None
+    thread_id: str
+    thread_name: str
+    frames: tuple[Frame, ...]
+    # For an op inside a coalesced group: the entry that closes the group and carries its state.
+    closed_by: Entry | None = None
+
+    @property
+    def profiling_name(self) -> str:
+        return f"{self.backend}:{self.op}" if self.backend else self.op
+
+    @property
+    def is_coalesced_end(self) -> bool:
+        """True for the entry that closes a coalesced group (``nccl:coalesced``, ``*_coalesced``)."""
+        return self.op == "coalesced" or self.op.endswith("_coalesced")
+
+
+@dataclass(slots=True)
+class GroupConfig:
+    """What one rank's ``pg_config`` says of one process group."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...] | None  # None when the dump does not say (gloo, or a broken entry)
+
+
+@dataclass(slots=True)
+class RankDump:
+    """One rank's dump, read and normalised."""
+
+    rank: int
+    path: str
+    host: str | None
+    version: str
+    file_format: str  # "pickle" or "json"
+    comm_lib_version: str
+    entries: list[Entry]
+    pg_config: dict[str, GroupConfig]
+    # pg_status by pg_id: last enqueued, started and completed collective (-1: never).
+    pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    skipped_entries: int = 0
+    skipped_reason: str = ""
+
+    @property
+    def has_timing(self) -> bool:
+        """Whether any entry carries start or completion times (NCCL does, gloo never)."""
+        return any(e.time_started_ns is not None or e.time_completed_ns is not None for e in self.entries)
+
+    @property
+    def may_have_wrapped(self) -> bool:
+        """Whether older history may have been dropped by the ring buffer."""
+        return bool(self.entries) and self.entries[0].record_id > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A process group of the job, identified by its name plus its member ranks (never by pg_id)."""
+
+    name: str
+    desc: str
+    members: tuple[int, ...]  # sorted global ranks
+    order: int  # position in a stable order shared by every rank
+
+    @property
+    def label(self) -> str:
+        """Track name, e.g. ``tp · pg 3 · 8 ranks``."""
+        name = self.name if len(self.name) <= 12 else self.name[:10] + "…"
+        size = f"{len(self.members)} rank" + ("" if len(self.members) == 1 else "s")
+        parts = [self.desc] if self.desc and self.desc != "undefined" else []
+        return " · ".join([*parts, f"pg {name}", size])
+
+    def global_rank(self, local_rank: int) -> int | None:
+        """Map a group-local rank (as in ``send 1->0``) to a global rank."""
+        if 0 <= local_rank < len(self.members):
+            return self.members[local_rank]
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProblem:
+    """A file that could not be read, or was read only in part."""
+
+    path: str
+    reason: str
+    fatal: bool = True  # False: the file was read, with this warning
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+# Op status, from worst to best for display purposes.
+MISSING = "missing"  # some members never issued it
+MISMATCH = "mismatch"  # members disagree on op, sizes or dtypes
+STUCK = "stuck"  # every member issued it, none completed, some started
+INCOMPLETE = "incomplete"  # issued, not completed on some rank (and not the cases above)
+OK = "ok"
+
+
+@dataclass(slots=True)
+class MatchedOp:
+    """One logical op of a group: a collective (by seq) or a send/recv pair, across its ranks."""
+
+    group: Group
+    kind: str  # "collective" or "p2p"
+    seq: int
+    entries: dict[int, list[Entry]]  # rank -> its entries (several for a coalesced group)
+    missing: tuple[int, ...] = ()  # members that never issued it
+    unknown: tuple[int, ...] = ()  # members with no dump, or whose buffer no longer covers it
+    status: str = OK
+    mismatch: str = ""  # "op", "size" or "dtype" when status is MISMATCH
+    mismatch_ranks: tuple[int, ...] = ()  # the minority that disagrees
+    peers: tuple[int, int] | None = None  # p2p: (source, destination) global ranks
+    op_key: int = 0  # a number unique to this op in the job, used for flow ids
+
+    @property
+    def name(self) -> str:
+        """Majority op name, e.g. ``all_reduce``."""
+        counts: dict[str, int] = {}
+        for entries in self.entries.values():
+            op = head_entry(entries).op
+            counts[op] = counts.get(op, 0) + 1
+        return max(counts, key=lambda k: (counts[k], k)) if counts else "?"
+
+    @property
+    def title(self) -> str:
+        """``all_reduce #42`` or ``send 3->5 #7``."""
+        return self.title_as(self.name)
+
+    def title_as(self, op_name: str) -> str:
+        """The title with another op name: a recv is ``recv 3->5 #7`` on the receiving rank."""
+        if self.kind == "p2p" and self.peers:
+            return f"{op_name} {self.peers[0]}->{self.peers[1]} #{self.seq}"
+        return f"{op_name} #{self.seq}"
+
+    @property
+    def first_time_ns(self) -> int:
+        return min(e[0].time_created_ns for e in self.entries.values())
+
+
+def head_entry(entries: list[Entry]) -> Entry:
+    """The entry that names a rank's part in an op: the first op of a coalesced group."""
+    for entry in entries:
+        if not entry.is_coalesced_end:
+            return entry
+    return entries[0]
+
+
+def state_entry(entries: list[Entry]) -> Entry:
+    """The entry that carries a rank's state: the closing entry of a coalesced group, if any."""
+    last = entries[-1]
+    return last.closed_by or last

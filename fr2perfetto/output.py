@@ -1,0 +1,25 @@
+"""Write output files atomically: a crash or Ctrl-C never leaves a half-written file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[IO[bytes]]:
+    """Open a temporary file beside ``path``; on success rename it to ``path``, else remove it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".fr2perfetto-", suffix=".partial", dir=directory)
+    try:
+        with os.fdopen(handle, "wb", buffering=1 << 20) as out:
+            yield out
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

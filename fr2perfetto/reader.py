@@ -1,0 +1,351 @@
+"""Read one Flight Recorder dump (pickle or JSON, versions 1.x to 2.10) into a ``RankDump``.
+
+Everything in a dump is checked before use: a file that is not a dump, is truncated, empty or of an
+unknown version raises ``DumpError`` with a one-line reason; a single malformed entry is skipped and
+counted, so one bad record does not cost a rank its whole history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .files import parse_dump_name
+from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump
+from .safe_pickle import RefusedPickle, loads_plain
+
+SUPPORTED_MAJOR_VERSIONS = (1, 2)
+_INT64_MAX = 2**63 - 1
+_P2P_PEERS = re.compile(r"(-?\d+)\s*(->|<-)\s*(-?\d+)")
+_INTS = re.compile(r"-?\d+")
+_STATES = {SCHEDULED, STARTED, COMPLETED}
+# Version 2.0 wrote dtypes in lower case; later versions use ScalarType names.
+_DTYPE_NAMES = {
+    "float": "Float",
+    "double": "Double",
+    "half": "Half",
+    "bfloat16": "BFloat16",
+    "int": "Int",
+    "long": "Long",
+    "short": "Short",
+    "char": "Char",
+    "byte": "Byte",
+    "bool": "Bool",
+    "complexfloat": "ComplexFloat",
+    "complexdouble": "ComplexDouble",
+}
+
+
+class DumpError(Exception):
+    """A file that cannot be read as a Flight Recorder dump; the message is one line."""
+
+
+class _BadEntry(Exception):
+    """One entry that cannot be used; it is skipped."""
+
+
+def read_dump(path: str, data: bytes | None = None) -> RankDump:
+    """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
+    name = parse_dump_name(path)
+    if name is None:
+        raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
+    if data is None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as error:
+            raise DumpError(f"cannot read: {error.strerror or error}") from None
+    raw, file_format = _decode(data)
+    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format)
+
+
+def _decode(data: bytes) -> tuple[dict[str, Any], str]:
+    if not data:
+        raise DumpError("empty file")
+    head = data[:1]
+    if head == b"\x80":
+        try:
+            raw = loads_plain(data)
+        except RefusedPickle as error:
+            raise DumpError(str(error)) from None
+        except RecursionError:
+            raise DumpError("corrupt pickle: nested too deeply") from None
+        except Exception as error:
+            raise DumpError(f"truncated or corrupt pickle ({type(error).__name__}: {_short(error)})") from None
+        file_format = "pickle"
+    elif data.lstrip()[:1] == b"{":
+        try:
+            raw = json.loads(data)
+        except RecursionError:
+            raise DumpError("corrupt JSON: nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise DumpError(f"truncated or corrupt JSON ({_short(error)})") from None
+        file_format = "json"
+    else:
+        raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
+    if not isinstance(raw, dict):
+        raise DumpError(f"not a Flight Recorder dump (top level is a {type(raw).__name__}, not a dict)")
+    return raw, file_format
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text[:120]
+
+
+def normalise(raw: dict[str, Any], *, rank: int, path: str, host: str | None, file_format: str) -> RankDump:
+    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``."""
+    if "version" not in raw:
+        raise DumpError("not a Flight Recorder dump (no 'version' key)")
+    version = raw["version"]
+    if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
+        raise DumpError(f"unknown dump version {version!r}")
+    major = int(version.split(".")[0])
+    if major not in SUPPORTED_MAJOR_VERSIONS:
+        raise DumpError(f"unknown dump version {version} (fr2perfetto reads 1.x and 2.x)")
+    raw_entries = raw.get("entries", [])
+    if raw_entries is None:
+        raw_entries = []
+    if not isinstance(raw_entries, list):
+        raise DumpError(f"'entries' is a {type(raw_entries).__name__}, not a list")
+
+    pg_config = _read_pg_config(raw.get("pg_config"), major)
+    comm_lib = raw.get("comm_lib_version", raw.get("nccl_version", raw.get("xccl_version", "")))
+    frame_cache: dict[int, Frame] = {}
+    entries: list[Entry] = []
+    skipped = 0
+    first_reason = ""
+    for index, item in enumerate(raw_entries):
+        try:
+            entries.append(_read_entry(item, rank, major, pg_config, frame_cache))
+        except _BadEntry as error:
+            skipped += 1
+            first_reason = first_reason or f"entry {index}: {error}"
+    if raw_entries and not entries:
+        raise DumpError(f"no usable entry ({first_reason})")
+    return RankDump(
+        rank=rank,
+        path=path,
+        host=host,
+        version=version,
+        file_format=file_format,
+        comm_lib_version=comm_lib if isinstance(comm_lib, str) else "",
+        entries=entries,
+        pg_config=pg_config,
+        pg_status=_read_pg_status(raw.get("pg_status")),
+        skipped_entries=skipped,
+        skipped_reason=first_reason,
+    )
+
+
+def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
+    """Read ``pg_config``; entries that make no sense (gloo's ``""`` with ``"[]"``) are dropped."""
+    config: dict[str, GroupConfig] = {}
+    if not isinstance(value, dict):
+        return config
+    for key, info in value.items():
+        if isinstance(info, dict):  # 2.x: {name: {"name", "desc", "ranks"}}
+            name = info.get("name", key)
+            desc = info.get("desc", "")
+            ranks = _parse_ranks(info.get("ranks"))
+        elif isinstance(info, (list, tuple)):  # 1.x: {pg_id: [ranks]}
+            name, desc, ranks = key, "", _parse_ranks(list(info))
+        else:
+            continue
+        name = str(name) if isinstance(name, (str, int)) and not isinstance(name, bool) else ""
+        if name == "":
+            continue  # gloo registers groups under "" with wrong or empty ranks
+        config[str(key) if major == 1 else name] = GroupConfig(name, desc if isinstance(desc, str) else "", ranks)
+    return config
+
+
+def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """``"[0, 1]"`` or ``[0, 1]`` to a sorted tuple; None when absent, empty or not ranks."""
+    if isinstance(value, str):
+        numbers = [int(x) for x in _INTS.findall(value)]
+    elif isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
+        numbers = list(value)
+    else:
+        return None
+    if not numbers or any(n < 0 or n > _INT64_MAX for n in numbers):
+        return None
+    return tuple(sorted(set(numbers)))
+
+
+def _read_pg_status(value: Any) -> dict[str, tuple[int, int, int]]:
+    status: dict[str, tuple[int, int, int]] = {}
+    if not isinstance(value, dict):
+        return status
+    for key, info in value.items():
+        if not isinstance(info, dict):
+            continue
+        try:
+            values = tuple(
+                int(info.get(k, -1))
+                for k in ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+            )
+        except (TypeError, ValueError, OverflowError):
+            continue
+        status[str(key)] = values  # type: ignore[assignment]
+    return status
+
+
+def _int(item: dict[str, Any], key: str, default: int | None = None, *, low: int = -1) -> int:
+    value = item.get(key, default)
+    if value is None and default is not None:
+        value = default
+    if type(value) is not int:  # bool is an int subclass; it is not a number here
+        if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
+            value = int(value)
+        else:
+            raise _BadEntry(f"{key} is {_describe(value)}, not an integer")
+    if not low <= value <= _INT64_MAX:
+        raise _BadEntry(f"{key} is {value}, out of range")
+    return value
+
+
+def _optional_time(item: dict[str, Any], key: str) -> int | None:
+    value = item.get(key)
+    if value is None or value == 0:  # JSON writes 0 for "unknown"
+        return None
+    return _int(item, key, low=1)
+
+
+def _describe(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__}"
+
+
+def _str(item: dict[str, Any], key: str, default: str = "") -> str:
+    value = item.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return str(value)
+    raise _BadEntry(f"{key} is {_describe(value)}, not a string")
+
+
+def _sizes(item: dict[str, Any], key: str) -> tuple[tuple[int, ...], ...]:
+    value = item.get(key) or []
+    if not isinstance(value, (list, tuple)):
+        raise _BadEntry(f"{key} is {_describe(value)}, not a list")
+    out = []
+    for dims in value:
+        if not isinstance(dims, (list, tuple)) or not all(type(d) is int and -1 <= d <= _INT64_MAX for d in dims):
+            raise _BadEntry(f"{key} holds {_describe(dims)}, not a list of sizes")
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def _dtypes(item: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = item.get(key) or []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(d, str) for d in value):
+        raise _BadEntry(f"{key} is not a list of dtype names")
+    return tuple(_DTYPE_NAMES.get(d, d) for d in value)
+
+
+def _frames(value: Any, cache: dict[int, Frame]) -> tuple[Frame, ...]:
+    if not value:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _BadEntry(f"frames is {_describe(value)}, not a list")
+    frames = []
+    for raw in value:
+        # PyTorch's pickler shares one dict per distinct frame; reuse one Frame for it.
+        frame = cache.get(id(raw))
+        if frame is None:
+            if not isinstance(raw, dict):
+                raise _BadEntry("a frame is not a dict")
+            line = raw.get("line", 0)
+            frame = Frame(
+                name=str(raw.get("name", "?")),
+                filename=str(raw.get("filename", "?")),
+                line=line if type(line) is int and 0 <= line <= _INT64_MAX else 0,
+            )
+            cache[id(raw)] = frame
+        frames.append(frame)
+    return tuple(frames)
+
+
+def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
+    """``nccl:send 1->0`` to (``nccl``, ``send``, (1, 0)); ``nccl:recv 0<-1`` to (.., ``recv``, (1, 0))."""
+    backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
+    op, _, meta = rest.strip().partition(" ")
+    peers = None
+    match = _P2P_PEERS.search(meta)
+    if match:
+        a, arrow, b = int(match.group(1)), match.group(2), int(match.group(3))
+        peers = (a, b) if arrow == "->" else (b, a)
+    return backend, op or "?", peers
+
+
+def _read_entry(
+    item: Any, rank: int, major: int, pg_config: dict[str, GroupConfig], frame_cache: dict[int, Frame]
+) -> Entry:
+    if not isinstance(item, dict):
+        raise _BadEntry(f"is {_describe(item)}, not a dict")
+    profiling_name = _str(item, "profiling_name")
+    if not profiling_name:
+        raise _BadEntry("has no profiling_name")
+    backend, op, peers = _split_profiling_name(profiling_name)
+    pg_id = _int(item, "pg_id", 0)
+    group = item.get("process_group")
+    if isinstance(group, (list, tuple)) and len(group) >= 1 and all(isinstance(x, str) for x in group[:2]):
+        group_name = group[0]
+        group_desc = group[1] if len(group) > 1 else ""
+    elif group is None and major == 1:
+        group_name, group_desc = str(pg_id), ""
+    else:
+        raise _BadEntry(f"process_group is {_describe(group)}, not (name, desc)")
+    if major == 1 and group_name not in pg_config and str(pg_id) in pg_config:
+        group_name = str(pg_id)
+    if "collective_seq_id" in item:
+        collective_seq = _int(item, "collective_seq_id", low=0)
+        p2p_seq = _int(item, "p2p_seq_id", 0, low=0)
+    else:
+        seq = _int(item, "seq_id", low=0)
+        collective_seq, p2p_seq = seq, (seq if peers else 0)
+    is_p2p = item.get("is_p2p")
+    if not isinstance(is_p2p, bool):
+        is_p2p = peers is not None or op in ("send", "recv")
+    started = _optional_time(item, "time_discovered_started_ns")
+    completed = _optional_time(item, "time_discovered_completed_ns")
+    state = item.get("state")
+    if state not in _STATES:
+        state = COMPLETED if completed else STARTED if started else SCHEDULED
+    duration = item.get("duration_ms")
+    if not (isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration)):
+        duration = None
+    timeout = item.get("timeout_ms")
+    if not (type(timeout) is int and 0 <= timeout <= _INT64_MAX):
+        timeout = None
+    retired = item.get("retired")
+    return Entry(
+        rank=rank,
+        group_name=group_name,
+        group_desc=group_desc,
+        pg_id=pg_id,
+        record_id=_int(item, "record_id", 0, low=0),
+        collective_seq=collective_seq,
+        p2p_seq=p2p_seq,
+        op_id=_int(item, "op_id", 0, low=0),
+        backend=backend,
+        op=op,
+        p2p_local=peers,
+        is_p2p=is_p2p,
+        input_sizes=_sizes(item, "input_sizes"),
+        output_sizes=_sizes(item, "output_sizes"),
+        input_dtypes=_dtypes(item, "input_dtypes"),
+        output_dtypes=_dtypes(item, "output_dtypes"),
+        state=state,
+        retired=retired if isinstance(retired, bool) else state == COMPLETED,
+        time_created_ns=_int(item, "time_created_ns", low=0),
+        time_started_ns=started,
+        time_completed_ns=completed,
+        duration_ms=float(duration) if duration is not None else None,
+        timeout_ms=timeout,
+        thread_id=_str(item, "thread_id"),
+        thread_name=_str(item, "thread_name"),
+        frames=_frames(item.get("frames"), frame_cache),
+    )

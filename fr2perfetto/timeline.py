@@ -1,0 +1,304 @@
+"""Lay a matched job out on a timeline: tracks, slices, markers and flows, for any trace format.
+
+Pure functions from (job, matched ops, findings) to ``Timeline`` objects; the renderers only write
+them out. One rank at a time (``rank_tracks``) so that a writer can stream a large job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Union
+
+from .job import Job
+from .match import tracks_completion
+from .model import COMPLETED, INCOMPLETE, MISMATCH, MISSING, STUCK, Entry, Group, MatchedOp, head_entry, state_entry
+
+ArgValue = Union[str, int, float, bool, list["ArgValue"]]  # noqa: UP007 - a recursive alias needs Union
+
+# Name prefixes that make a problem stand out in the timeline (and in a search box).
+PREFIX = {
+    MISSING: "⚠ UNMATCHED ",
+    MISMATCH: "⚠ MISMATCH ",
+    STUCK: "⏳ STUCK ",
+    INCOMPLETE: "⏳ NOT COMPLETED ",
+}
+NEVER_ISSUED = "✗ NEVER ISSUED "
+GLOO_TIMING = "not recorded: this backend records enqueue time only; the slice spans to the next op on this group"
+PID_BASE = 100_000  # pid 0 means the idle process to trace tools, so ranks get pids from here
+
+
+@dataclass(slots=True)
+class Slice:
+    """A slice (start < end) or, when ``end`` is None, an instant marker."""
+
+    start: int
+    end: int | None
+    name: str
+    args: list[tuple[str, ArgValue]]
+    flow_id: int | None = None
+    correlation_id: int | None = None
+
+
+@dataclass(slots=True)
+class Track:
+    """A track: a rank's process track, a group track under it, or a lane under a group track."""
+
+    uuid: int
+    name: str
+    parent: int | None = None
+    order: int = 0
+    pid: int | None = None  # set on process tracks only
+    labels: list[str] = field(default_factory=list)
+    description: str = ""
+    slices: list[Slice] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RankTimeline:
+    """One rank's tracks, in the order they are to be written (parents first)."""
+
+    rank: int
+    tracks: list[Track]
+
+
+@dataclass(slots=True)
+class TimeSpan:
+    """The job's time range: slices that never end are drawn to ``end``."""
+
+    start: int
+    end: int
+
+
+def time_span(job: Job) -> TimeSpan:
+    """First and last timestamps of any entry, with a margin after the last one."""
+    first, last = None, None
+    for dump in job.dumps.values():
+        for e in dump.entries:
+            t0 = e.time_created_ns
+            t1 = max(t0, e.time_started_ns or 0, e.time_completed_ns or 0)
+            first = t0 if first is None or t0 < first else first
+            last = t1 if last is None or t1 > last else last
+    if first is None or last is None:
+        return TimeSpan(0, 1_000_000)
+    margin = max((last - first) // 20, 1_000_000)
+    return TimeSpan(first, last + margin)
+
+
+def ranks_label(ranks: tuple[int, ...] | list[int]) -> str:
+    """``[0, 1, 2, 5]`` to ``0-2,5``."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def rank_uuid(rank: int) -> int:
+    """A process track's uuid; its child tracks take the numbers just above it."""
+    return (rank + 1) << 32
+
+
+def ops_by_rank(ops: list[MatchedOp]) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
+    """Index ops by the ranks that hold entries for them (or should have: missing ranks)."""
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
+    for op in ops:
+        for rank, entries in op.entries.items():
+            index.setdefault(rank, []).append((op, entries))
+        for rank in op.missing:
+            index.setdefault(rank, []).append((op, []))
+    return index
+
+
+def rank_timelines(
+    job: Job, ops: list[MatchedOp], span: TimeSpan, culprits: dict[int, str] | None = None
+) -> Iterator[RankTimeline]:
+    """Yield each rank's timeline in rank order, built only when asked for."""
+    index = ops_by_rank(ops)
+    for rank in job.ranks:
+        yield rank_timeline(job, rank, index.get(rank, []), span, (culprits or {}).get(rank))
+
+
+def rank_timeline(
+    job: Job, rank: int, rank_ops: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, culprit: str | None = None
+) -> RankTimeline:
+    """The tracks of one rank: its process, one track per group it belongs to, lanes as needed."""
+    dump = job.dumps.get(rank)
+    process_uuid = rank_uuid(rank)
+    labels = []
+    if culprit:
+        labels.append(f"CULPRIT: {culprit}")
+    if dump is None:
+        labels.append("no dump")
+    else:
+        if dump.host:
+            labels.append(dump.host)
+        labels.append(os.path.basename(dump.path))
+    process = Track(
+        uuid=process_uuid,
+        name=f"rank {rank}",
+        pid=PID_BASE + rank,
+        labels=labels,
+        description=f"dump {dump.path} (version {dump.version}, {dump.file_format})"
+        if dump
+        else "this rank left no dump",
+    )
+    by_group: dict[Group, list[Slice]] = {g: [] for g in sorted(job.groups_of_rank(rank), key=lambda g: g.order)}
+    per_group_ops: dict[Group, list[tuple[MatchedOp, list[Entry]]]] = {}
+    for op, entries in rank_ops:
+        per_group_ops.setdefault(op.group, []).append((op, entries))
+        by_group.setdefault(op.group, [])
+    for group, items in per_group_ops.items():
+        by_group[group] = _group_slices(rank, items, span)
+    tracks = [process]
+    for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
+        group_uuid = process_uuid + len(tracks)
+        lanes = assign_lanes(slices)
+        members = ranks_label(group.members)
+        description = f"process group {group.name} ({group.desc or 'no description'}), members {members}"
+        tracks.append(
+            Track(
+                group_uuid,
+                group.label,
+                parent=process_uuid,
+                order=group.order,
+                description=description,
+                slices=lanes[0] if lanes else [],
+            )
+        )
+        for number, lane in enumerate(lanes[1:], start=2):
+            tracks.append(
+                Track(process_uuid + len(tracks), f"lane {number}", parent=group_uuid, order=number, slices=lane)
+            )
+    return RankTimeline(rank, tracks)
+
+
+def _group_slices(rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan) -> list[Slice]:
+    """Slices (and markers) of one rank on one group track, in time order."""
+    items.sort(key=lambda item: item[1][0].time_created_ns if item[1] else item[0].first_time_ns)
+    starts = [entries[0].time_created_ns for _, entries in items if entries]
+    slices: list[Slice] = []
+    next_index = 0
+    for op, entries in items:
+        if not entries:
+            slices.append(_never_issued_marker(op, rank))
+            continue
+        next_index += 1
+        next_start = starts[next_index] if next_index < len(starts) else None
+        slices.append(_op_slice(op, rank, entries, span, next_start))
+    return slices
+
+
+def _op_slice(op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, next_start: int | None) -> Slice:
+    head = head_entry(entries)
+    last = state_entry(entries)
+    start = entries[0].time_created_ns
+    done = last.state == COMPLETED
+    waited = op.status in (MISSING, STUCK) or (op.status == INCOMPLETE and not done)
+    if last.time_completed_ns:
+        end = last.time_completed_ns
+    elif waited or tracks_completion(last) or (next_start is None and not last.retired):
+        end = span.end  # it never completed: draw it to the end of the trace
+    else:
+        # No completion time is recorded (gloo); the rank went on to its next op on this group.
+        end = next_start if next_start is not None and next_start > start else start + 1_000
+    end = max(end, start + 1)
+    prefix = ""
+    if op.status in (MISSING, MISMATCH, STUCK) or (op.status == INCOMPLETE and not done):
+        prefix = PREFIX[op.status]
+    if op.status == MISMATCH:
+        prefix = f"{prefix}({op.mismatch}) "
+    shared = len(op.entries) > 1
+    return Slice(
+        start=start,
+        end=end,
+        name=prefix + (op.title_as(head.op) if op.kind == "p2p" else op.title),
+        args=op_args(op, rank, entries, head, last),
+        flow_id=op.op_key if shared else None,
+        correlation_id=op.op_key if shared else None,
+    )
+
+
+def _never_issued_marker(op: MatchedOp, rank: int) -> Slice:
+    others = ranks_label([r for r in op.entries])
+    return Slice(
+        start=op.first_time_ns,
+        end=None,
+        name=NEVER_ISSUED + op.title,
+        args=[
+            ("status", "this rank never issued the op that the others entered here"),
+            ("group", op.group.label),
+            ("collective_seq_id" if op.kind == "collective" else "p2p_seq_id", op.seq),
+            ("issued_by_ranks", others),
+        ],
+        correlation_id=op.op_key,
+    )
+
+
+def op_args(op: MatchedOp, rank: int, entries: list[Entry], head: Entry, last: Entry) -> list[tuple[str, ArgValue]]:
+    """Every fact the dump gives about this rank's part in the op, as named values."""
+    args: list[tuple[str, ArgValue]] = [
+        ("status", op.status),
+        ("group", op.group.name),
+        ("group_desc", op.group.desc),
+        ("group_ranks", ranks_label(op.group.members)),
+        ("collective_seq_id", head.collective_seq),
+        ("p2p_seq_id", head.p2p_seq),
+        ("op_id", head.op_id),
+        ("record_id", head.record_id),
+        ("profiling_name", head.profiling_name),
+        ("input_sizes", str([list(s) for s in head.input_sizes])),
+        ("output_sizes", str([list(s) for s in head.output_sizes])),
+        ("input_dtypes", ",".join(head.input_dtypes)),
+        ("output_dtypes", ",".join(head.output_dtypes)),
+        ("state", last.state),
+        ("retired", last.retired),
+        ("timeout_ms", last.timeout_ms if last.timeout_ms is not None else "unknown"),
+        ("time_created_ns", head.time_created_ns),
+    ]
+    if last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None:
+        args.append(("timing", GLOO_TIMING))
+    else:
+        args.append(("time_started_ns", last.time_started_ns if last.time_started_ns else "unknown"))
+        args.append(("time_completed_ns", last.time_completed_ns if last.time_completed_ns else "unknown"))
+        args.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
+    if op.peers:
+        args.append(("peers", f"{op.peers[0]}->{op.peers[1]}"))
+    if len(entries) > 1 or head.closed_by is not None:
+        inner = [e.profiling_name for e in entries if not e.is_coalesced_end]
+        args.append(("coalesced_ops", ", ".join(inner) or head.profiling_name))
+    if op.missing:
+        args.append(("missing_ranks", ranks_label(op.missing)))
+    if op.unknown:
+        args.append(("unknown_ranks", ranks_label(op.unknown)))
+    if op.mismatch:
+        args.append(("mismatch", op.mismatch))
+        args.append(("mismatch_ranks", ranks_label(op.mismatch_ranks) or "undecided"))
+    if head.thread_name or head.thread_id:
+        args.append(("thread", f"{head.thread_name} ({head.thread_id})"))
+    if head.frames:
+        args.append(("stack", [f"{f.name} ({f.filename}:{f.line})" for f in head.frames]))
+    return args
+
+
+def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
+    """Split time-ordered slices into lanes in which no two slices overlap (first fit)."""
+    lanes: list[list[Slice]] = []
+    lane_ends: list[int] = []
+    for s in sorted(slices, key=lambda s: (s.start, s.end if s.end is not None else s.start)):
+        end = s.end if s.end is not None else s.start
+        for number, lane_end in enumerate(lane_ends):
+            if lane_end <= s.start:
+                lanes[number].append(s)
+                lane_ends[number] = end
+                break
+        else:
+            lanes.append([s])
+            lane_ends.append(end)
+    return lanes

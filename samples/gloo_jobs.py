@@ -1,0 +1,235 @@
+"""Run real torch.distributed gloo jobs on 127.0.0.1 and save every rank's Flight Recorder dump.
+
+Each scenario is a small training-like program in which, at most, one thing goes wrong. Every rank
+ends by dumping its buffer with ``torch._C._distributed_c10d._dump_fr_trace()`` (pickle, the bytes
+PyTorch writes) or ``_dump_fr_trace_json()`` into ``<out>/gloo_trace_rank_<rank>[.json]``.
+
+    python samples/gloo_jobs.py OUT_DIR SCENARIO [SCENARIO ...]
+
+Needs torch (the ``test`` or ``capture`` extra); fr2perfetto itself never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+TIMEOUT = timedelta(seconds=3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _try(call: Callable[[], Any]) -> None:
+    """Run a collective that may fail because another rank diverged; the failure is the point."""
+    with contextlib.suppress(Exception):  # gloo raises RuntimeError or DistBackendError
+        call()
+
+
+# Each scenario: (world size, function(rank, dist, torch, groups)) -> None. Groups made up front,
+# the same way on every rank, as torch requires.
+def healthy(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Four ranks, a tp pair and a dp pair, a few steps; nothing goes wrong."""
+    t = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(t, group=g["tp"])
+        dist.all_reduce(t, group=g["dp"])
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    out = [torch.zeros(8) for _ in range(4)]
+    dist.all_gather(out, t)
+    dist.barrier()
+
+
+def skip(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 2 skips the fourth all_reduce of the default group; the others wait for it."""
+    t = torch.ones(8)
+    for step in range(4):
+        dist.all_reduce(t, group=g["tp"])
+        if step == 3 and rank == 2:
+            time.sleep(TIMEOUT.total_seconds() + 1)  # stuck in its own code, never reaches the collective
+            continue
+        _try(lambda: dist.all_reduce(t))
+
+
+def skip_subgroup(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 1 skips the third all_reduce of its tp group ({0, 1}); rank 0 waits in tp."""
+    t = torch.ones(8)
+    for step in range(3):
+        dist.all_reduce(t)
+        if step == 2 and rank == 1:
+            time.sleep(TIMEOUT.total_seconds() + 1)
+            continue
+        if rank in (0, 1):
+            _try(lambda: dist.all_reduce(t, group=g["tp"]))
+
+
+def deadlock(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 0 enters group x then y, rank 1 enters y then x: each waits for the other."""
+    t = torch.ones(8)
+    dist.all_reduce(t, group=g["x"])
+    dist.all_reduce(t, group=g["y"])
+    first = g["x"] if rank == 0 else g["y"]
+    _try(lambda: dist.all_reduce(t, group=first))
+
+
+def _diverge(
+    rank: int, dist: Any, g: dict[str, Any], odd_rank: int, normal: Callable[[], Any], odd: Callable[[], Any]
+) -> None:
+    """The odd rank calls ``odd`` where the others call ``normal``, both without waiting.
+
+    gloo aborts the whole process (C++ terminate) when mismatched data arrives, so every rank
+    enqueues its op (which is when the Flight Recorder records it) and dumps before any data
+    of the odd rank can arrive: the odd rank enqueues only once the others have dumped.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    others = [f"dumped_{r}" for r in range(dist.get_world_size()) if r != odd_rank]
+    if rank == odd_rank:
+        store.wait(others)
+        odd()
+    else:
+        normal()
+    g["dump"]()
+    store.set(f"dumped_{rank}", "1")
+    if rank != odd_rank:
+        _try(lambda: store.wait([f"dumped_{odd_rank}"]))  # the store's host may be aborted by then
+
+
+def size_mismatch(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 3 passes a tensor of 16 elements where the others pass 8."""
+    dist.all_reduce(torch.ones(8))
+    _diverge(
+        rank,
+        dist,
+        g,
+        3,
+        lambda: dist.all_reduce(torch.ones(8), async_op=True),
+        lambda: dist.all_reduce(torch.ones(16), async_op=True),
+    )
+
+
+def dtype_mismatch(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 1 passes float64 where the others pass float32."""
+    dist.all_reduce(torch.ones(8))
+    _diverge(
+        rank,
+        dist,
+        g,
+        1,
+        lambda: dist.all_reduce(torch.ones(8), async_op=True),
+        lambda: dist.all_reduce(torch.ones(8, dtype=torch.float64), async_op=True),
+    )
+
+
+def type_mismatch(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 2 calls broadcast where the others call all_reduce."""
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    _diverge(rank, dist, g, 2, lambda: dist.all_reduce(t, async_op=True), lambda: dist.broadcast(t, 0, async_op=True))
+
+
+def order_swap(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Rank 3 calls broadcast then all_reduce; the others all_reduce then broadcast."""
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    _diverge(
+        rank,
+        dist,
+        g,
+        3,
+        lambda: (dist.all_reduce(t, async_op=True), dist.broadcast(t, 0, async_op=True)),
+        lambda: (dist.broadcast(t, 0, async_op=True), dist.all_reduce(t, async_op=True)),
+    )
+
+
+SCENARIOS: dict[str, tuple[int, Callable[..., None]]] = {
+    "healthy": (4, healthy),
+    "skip": (4, skip),
+    "skip_subgroup": (4, skip_subgroup),
+    "deadlock": (2, deadlock),
+    "size_mismatch": (4, size_mismatch),
+    "dtype_mismatch": (4, dtype_mismatch),
+    "type_mismatch": (4, type_mismatch),
+    "order_swap": (4, order_swap),
+}
+# Scenarios whose odd ranks dump JSON instead of pickle, to show mixed formats in one job.
+JSON_ODD_RANKS = {"healthy"}
+
+
+def _rank_main(rank: int, world: int, port: int, scenario: str, out_dir: str) -> None:
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT)
+    groups = {}
+    if world == 4:
+        # Every rank creates every group, in the same order, as torch requires.
+        tp = [dist.new_group(members, timeout=TIMEOUT, group_desc="tp") for members in ([0, 1], [2, 3])]
+        dp = [dist.new_group(members, timeout=TIMEOUT, group_desc="dp") for members in ([0, 2], [1, 3])]
+        groups["tp"], groups["dp"] = tp[rank // 2], dp[rank % 2]
+    else:
+        groups["x"] = dist.new_group([0, 1], timeout=TIMEOUT, group_desc="x")
+        groups["y"] = dist.new_group([0, 1], timeout=TIMEOUT, group_desc="y")
+    c10d = torch._C._distributed_c10d
+
+    def dump() -> None:
+        if groups.get("dumped"):
+            return
+        groups["dumped"] = True
+        if scenario in JSON_ODD_RANKS and rank % 2:
+            data, name = c10d._dump_fr_trace_json(), f"gloo_trace_rank_{rank}.json"
+        else:
+            data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
+        partial = os.path.join(out_dir, name + ".partial")
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, os.path.join(out_dir, name))
+
+    groups["dump"] = dump
+    SCENARIOS[scenario][1](rank, dist, torch, groups)
+    dump()
+    sys.stdout.flush()
+    os._exit(0)  # skip destroy_process_group: peers may already be gone
+
+
+def run_scenario(scenario: str, out_dir: str) -> list[str]:
+    """Run one scenario as a real multi-process gloo job; return the dump files it left.
+
+    Ranks are joined one by one, whatever their exit status: a rank that gloo aborts on purpose
+    must not take the others down before they have dumped.
+    """
+    import multiprocessing
+
+    world = SCENARIOS[scenario][0]
+    os.makedirs(out_dir, exist_ok=True)
+    context = multiprocessing.get_context("spawn")
+    port = _free_port()
+    ranks = [context.Process(target=_rank_main, args=(r, world, port, scenario, out_dir)) for r in range(world)]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + 120
+    for process in ranks:
+        process.join(max(1.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return sorted(
+        os.path.join(out_dir, f) for f in os.listdir(out_dir) if "trace_rank_" in f and not f.endswith(".partial")
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    for name in sys.argv[2:]:
+        print(name, len(run_scenario(name, os.path.join(sys.argv[1], name))), "dumps")

@@ -1,0 +1,58 @@
+"""Shared fixtures: real gloo jobs (run once per session) and NCCL-layout dumps."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "samples"))
+
+import gloo_jobs  # noqa: E402
+import nccl_layout  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def gloo_job(tmp_path_factory: pytest.TempPathFactory):
+    """Run a real gloo scenario once per session; return the folder of its dumps."""
+    cache: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in cache:
+            out = tmp_path_factory.mktemp(f"gloo_{name}")
+            files = gloo_jobs.run_scenario(name, str(out))
+            assert len(files) == gloo_jobs.SCENARIOS[name][0], f"{name}: {files}"
+            cache[name] = out
+        return cache[name]
+
+    return run
+
+
+@pytest.fixture()
+def nccl_job(tmp_path: Path):
+    """Write an NCCL-layout scenario; return the folder of its dumps."""
+
+    def write(name: str) -> Path:
+        out = tmp_path / name
+        nccl_layout.write_scenario(name, str(out))
+        return out
+
+    return write
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from fr2perfetto.cli import app
+
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "100", "NO_COLOR": "1"})
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")

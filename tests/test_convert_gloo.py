@@ -1,0 +1,87 @@
+"""Real multi-process gloo jobs, dumped by PyTorch, converted, and read back with Perfetto's schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fr2perfetto.job import load_job
+from fr2perfetto.match import match_ops
+from fr2perfetto.timeline import NEVER_ISSUED, PREFIX
+
+from .conftest import run_cli
+from .tracecheck import read_trace
+
+
+def test_skipped_collective_is_marked_on_waiters_and_on_the_rank_that_never_issued_it(gloo_job, tmp_path: Path):
+    dumps = gloo_job("skip")
+    trace_path = tmp_path / "skip.pftrace"
+    code, stdout, stderr = run_cli("convert", str(dumps), "-o", str(trace_path))
+    assert code == 0, stderr
+    trace = read_trace(str(trace_path))
+
+    # One process per rank, named and sorted by rank.
+    assert sorted(trace.processes.values()) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert [trace.processes[pid] for pid in sorted(trace.processes)] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+    # One track per group per member rank: default_pg on all four, each tp pair on its two ranks.
+    default_tracks = trace.tracks_named("default_pg · pg 0 · 4 ranks")
+    assert sorted(trace.process_of(t) for t in default_tracks) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    tp_tracks = trace.tracks_named("tp · pg")
+    assert sorted(trace.process_of(t) for t in tp_tracks) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+    # The skipped all_reduce #4 of default_pg: marked on ranks 0, 1, 3 and a marker on rank 2.
+    unmatched = [
+        (trace.process_of(u), name) for u, _, _, name, _ in trace.all_slices() if name.startswith(PREFIX["missing"])
+    ]
+    assert sorted(unmatched) == [(f"rank {r}", PREFIX["missing"] + "all_reduce #4") for r in (0, 1, 3)]
+    markers = [(trace.process_of(u), name) for u, items in trace.instants.items() for _, name in items]
+    assert markers == [("rank 2", NEVER_ISSUED + "all_reduce #4")]
+    (marker_track,) = [u for u, items in trace.instants.items() if items]
+    assert "default_pg" in trace.tracks[marker_track][0]
+
+    # Flows: one per op issued by two ranks or more, each joining all of them.
+    ops = match_ops(load_job([str(dumps)]))
+    assert len(trace.flows) == sum(1 for op in ops if len(op.entries) >= 2)
+    assert sorted(trace.flows.values()) == sorted(len(op.entries) for op in ops if len(op.entries) >= 2)
+    # gloo records no completion: the slice says so instead of inventing a duration.
+    args = trace.all_slices()[0][4]
+    assert "records enqueue time only" in str(args["timing"])
+    assert "Wrote" in stdout and "4 ranks" in stdout
+
+
+def test_healthy_job_with_mixed_pickle_and_json_dumps(gloo_job, tmp_path: Path):
+    dumps = gloo_job("healthy")
+    assert sorted(p.name for p in dumps.iterdir()) == [
+        "gloo_trace_rank_0",
+        "gloo_trace_rank_1.json",
+        "gloo_trace_rank_2",
+        "gloo_trace_rank_3.json",
+    ]
+    trace_path = tmp_path / "healthy.pftrace"
+    code, _, stderr = run_cli("convert", str(dumps), "-o", str(trace_path))
+    assert code == 0, stderr
+    trace = read_trace(str(trace_path))
+    names = [name for _, _, _, name, _ in trace.all_slices()]
+    assert not [n for n in names if n.startswith(("⚠", "⏳"))]
+    assert not trace.instants or not any(trace.instants.values())
+    # default_pg (all), two tp pairs, two dp pairs: each rank has default + tp + dp tracks.
+    for rank in range(4):
+        groups = sorted(
+            name.split(" · ")[0]
+            for u, (name, parent) in trace.tracks.items()
+            if parent is not None and trace.process_of(u) == f"rank {rank}"
+        )
+        assert groups == ["default_pg", "dp", "tp"]
+    # every op was issued by all members of its group, so every slice carries a flow id
+    ops = match_ops(load_job([str(dumps)]))
+    assert len(trace.flows) == len(ops)
+    # stack frames are on the slices, innermost first
+    stack = trace.all_slices()[0][4]["stack"]
+    assert isinstance(stack, list) and stack[0].startswith(("all_reduce", "all_gather", "broadcast", "barrier"))
+
+
+def test_subgroup_membership_is_rebuilt_from_entries(gloo_job):
+    job = load_job([str(gloo_job("healthy"))])
+    # gloo's pg_config is broken ("" with "[]"); members come from which ranks used each group.
+    members = sorted((g.desc, g.members) for g in job.groups)
+    assert members == [("default_pg", (0, 1, 2, 3)), ("dp", (0, 2)), ("dp", (1, 3)), ("tp", (0, 1)), ("tp", (2, 3))]

@@ -1,0 +1,97 @@
+"""Random mutations of real dumps: the reader fails only with its own error, and never hangs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fr2perfetto.job import build_job
+from fr2perfetto.match import match_ops
+from fr2perfetto.reader import DumpError, read_dump
+
+from .conftest import ROOT
+
+REAL_PICKLE = (ROOT / "samples" / "gloo" / "skip" / "gloo_trace_rank_0").read_bytes()
+REAL_JSON = (ROOT / "samples" / "gloo" / "healthy" / "gloo_trace_rank_1.json").read_bytes()
+NCCL_PICKLE = (ROOT / "samples" / "nccl" / "demo" / "nccl_trace_rank_1").read_bytes()
+REAL = [REAL_PICKLE, REAL_JSON, NCCL_PICKLE]
+
+WEIRD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def _read(data: bytes) -> None:
+    try:
+        dump = read_dump("/fuzz/nccl_trace_rank_3", data)
+    except DumpError as error:
+        assert "\n" not in str(error)
+        return
+    # what reads must also match and lay out without error
+    match_ops(build_job({dump.rank: dump}))
+
+
+@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(REAL) - 1),
+    cut=st.integers(0, 10_000),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=6),
+)
+def test_byte_mutations(which: int, cut: int, flips: list[tuple[int, int]]):
+    data = bytearray(REAL[which])
+    data = data[: len(data) - cut % len(data)] if cut else data
+    for position, value in flips:
+        if data:
+            data[position % len(data)] = value
+    _read(bytes(data))
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for index, value in enumerate(obj[:3]):
+            found += _paths(value, (*prefix, index))
+    return found
+
+
+DECODED = [pickle.loads(REAL_PICKLE), json.loads(REAL_JSON), pickle.loads(NCCL_PICKLE)]
+PATHS = [_paths(d) for d in DECODED]
+
+
+@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(DECODED) - 1),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.booleans(), WEIRD_VALUES), min_size=1, max_size=5),
+)
+def test_structure_mutations(which: int, edits: list[tuple[int, bool, Any]]):
+    """Drop keys, put values of the wrong type, or huge numbers anywhere in a real dump."""
+    doc = copy.deepcopy(DECODED[which])
+    paths = PATHS[which]
+    for index, drop, value in edits:
+        path = paths[index % len(paths)]
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if drop and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    data = json.dumps(doc, default=list).encode() if which == 1 else pickle.dumps(doc, protocol=2)
+    _read(data)

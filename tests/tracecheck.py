@@ -1,0 +1,103 @@
+"""Read a written trace back with Perfetto's own schema and check the invariants the UI relies on."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+
+@dataclass
+class TraceSummary:
+    processes: dict[int, str] = field(default_factory=dict)  # pid -> process name
+    process_labels: dict[str, list[str]] = field(default_factory=dict)  # process name -> labels
+    tracks: dict[int, tuple[str, int | None]] = field(default_factory=dict)  # uuid -> (name, parent)
+    slices: dict[int, list[tuple[int, int, str, dict[str, object]]]] = field(default_factory=lambda: defaultdict(list))
+    instants: dict[int, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
+    flows: Counter[int] = field(default_factory=Counter)
+
+    def process_of(self, uuid: int) -> str:
+        """Name of the process a track belongs to."""
+        while True:
+            name, parent = self.tracks[uuid]
+            if parent is None:
+                return name
+            uuid = parent
+
+    def tracks_named(self, text: str) -> list[int]:
+        return [uuid for uuid, (name, _) in self.tracks.items() if text in name]
+
+    def all_slices(self) -> list[tuple[int, int, int, str, dict[str, object]]]:
+        return [(uuid, *s) for uuid, items in self.slices.items() for s in items]
+
+
+def _value(annotation: pb.DebugAnnotation, strings: dict[int, str]) -> object:
+    kind = annotation.WhichOneof("value")
+    if kind == "string_value_iid":
+        return strings[annotation.string_value_iid]
+    if kind is not None:
+        return getattr(annotation, kind)
+    if annotation.array_values:
+        return [_value(v, strings) for v in annotation.array_values]
+    return None
+
+
+def read_trace(path: str) -> TraceSummary:
+    """Parse ``path`` and assert: tracks described before use, interned ids defined before use,
+    slices balanced and nested per track with time never going back, flows with two ends or more."""
+    trace = pb.Trace()
+    with open(path, "rb") as f:
+        trace.ParseFromString(f.read())
+    summary = TraceSummary()
+    event_names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
+    strings: dict[int, str] = {}
+    open_slices: dict[int, list[tuple[int, str, dict[str, object]]]] = defaultdict(list)
+    last_time: dict[int, int] = {}
+    for packet in trace.packet:
+        if packet.HasField("interned_data"):
+            for item in packet.interned_data.event_names:
+                event_names[item.iid] = item.name
+            for item in packet.interned_data.debug_annotation_names:
+                arg_names[item.iid] = item.name
+            for item in packet.interned_data.debug_annotation_string_values:
+                strings[item.iid] = item.str.decode()
+        if packet.HasField("track_descriptor"):
+            desc = packet.track_descriptor
+            assert desc.uuid not in summary.tracks, f"track {desc.uuid} described twice"
+            parent = desc.parent_uuid if desc.HasField("parent_uuid") else None
+            if parent is not None:
+                assert parent in summary.tracks, "child track described before its parent"
+            name = desc.process.process_name if desc.HasField("process") else desc.name
+            if desc.HasField("process"):
+                assert desc.process.pid not in summary.processes, "two processes share a pid"
+                summary.processes[desc.process.pid] = name
+                summary.process_labels[name] = list(desc.process.process_labels)
+            summary.tracks[desc.uuid] = (name, parent)
+        if packet.HasField("track_event"):
+            event = packet.track_event
+            uuid = event.track_uuid
+            assert uuid in summary.tracks, f"event on undescribed track {uuid}"
+            assert packet.timestamp >= last_time.get(uuid, 0), f"time goes back on track {uuid}"
+            last_time[uuid] = packet.timestamp
+            if event.type == pb.TrackEvent.TYPE_SLICE_END:
+                assert open_slices[uuid], f"slice end without begin on track {uuid}"
+                start, name, args = open_slices[uuid].pop()
+                summary.slices[uuid].append((start, packet.timestamp, name, args))
+                continue
+            assert event.name_iid in event_names, "event name iid used before it was interned"
+            name = event_names[event.name_iid]
+            args = {}
+            for a in event.debug_annotations:
+                assert a.name_iid in arg_names, "arg name iid used before it was interned"
+                args[arg_names[a.name_iid]] = _value(a, strings)
+            for flow in event.flow_ids:
+                summary.flows[flow] += 1
+            if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+                open_slices[uuid].append((packet.timestamp, name, args))
+            elif event.type == pb.TrackEvent.TYPE_INSTANT:
+                summary.instants[uuid].append((packet.timestamp, name))
+    assert not any(open_slices.values()), "unbalanced slices: some never end"
+    assert all(count >= 2 for count in summary.flows.values()), "a flow id with a single end"
+    return summary
