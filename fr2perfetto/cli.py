@@ -14,8 +14,11 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .convert import convert_job
+from .convert import analyse, write_trace
+from .diagnose import HEALTHY
 from .job import Job, load_job
+from .renderers.terminal import render_analysis
+from .report import build_report, report_json
 
 app = typer.Typer(
     name="fr2perfetto",
@@ -24,7 +27,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
@@ -40,6 +43,8 @@ def _load(inputs: list[str], jobs: int, quiet: bool) -> Job:
     """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
     job = load_job(inputs, jobs=jobs or (os.cpu_count() or 1))
     for problem in job.problems:
+        if quiet and not problem.fatal:
+            continue
         level = "error" if problem.fatal else "warning"
         err.print(f"[bold red]{level}[/]: {problem}" if problem.fatal else f"[yellow]{level}[/]: {problem}")
     if not job.dumps:
@@ -60,19 +65,48 @@ def convert(
 ) -> None:
     """Write one Perfetto trace of every rank: a process per rank, a track per process group."""
     job = _load(inputs, jobs, quiet)
+    analysis = analyse(job)
     try:
-        result = convert_job(job, str(output))
+        stats = write_trace(analysis, str(output))
     except OSError as error:
         err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
     if not quiet:
-        stats = result.stats
         size = os.path.getsize(output)
+        verdict = analysis.diagnosis.verdict
         out.print(
-            f"Wrote [bold]{output}[/] ({_human_size(size)}): {stats.processes} ranks, {len(job.groups)} groups, "
-            f"{stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers."
+            f"Wrote [bold]{output}[/] ({_human_size(size)}): {len(job.ranks)} ranks, {len(job.groups)} groups, "
+            f"{stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers, "
+            f"{len(analysis.diagnosis.findings)} findings."
         )
-        out.print("Open it at https://ui.perfetto.dev (Open trace file).")
+        out.print(f"Verdict: {verdict.summary}")
+        out.print("Open it at https://ui.perfetto.dev (Open trace file), or run: fr2perfetto analyze for the details.")
+
+
+@app.command(
+    epilog="Examples:\n\n  fr2perfetto analyze dumps/\n\n  fr2perfetto analyze dumps/ --json > report.json\n\n"
+    "Exit codes: 0 healthy, 1 findings, 2 unusable input."
+)
+def analyze(
+    inputs: Inputs,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON (schema: proto/) and nothing else.")
+    ] = False,
+    jobs: Jobs = 0,
+    quiet: Quiet = False,
+) -> None:
+    """Name the rank, the process group and the op that hung the job, with the evidence."""
+    job = _load(inputs, jobs, quiet or as_json)
+    analysis = analyse(job)
+    diagnosis = analysis.diagnosis
+    if as_json:
+        sys.stdout.write(report_json(build_report(job, analysis.ops, diagnosis)) + "\n")
+    elif not quiet:
+        render_analysis(out, job, diagnosis, len(analysis.ops))
+    else:
+        out.print(diagnosis.verdict.summary)
+    healthy = diagnosis.verdict.status == HEALTHY and not diagnosis.findings
+    raise typer.Exit(EXIT_OK if healthy else EXIT_FINDINGS)
 
 
 def _human_size(size: int) -> str:

@@ -1,43 +1,51 @@
-"""From a loaded job to a written trace: the steps ``fr2perfetto convert`` runs, I/O at the edges."""
+"""The steps behind the commands: analyse a loaded job, write its trace. I/O only at the edges."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .diagnose import Diagnosis, diagnose
 from .job import Job
 from .match import match_ops
-from .model import MatchedOp
+from .model import OK, MatchedOp
 from .output import atomic_output
 from .renderers.perfetto import PerfettoWriter, TraceStats
-from .timeline import rank_timelines, time_span
+from .timeline import findings_tracks, rank_timelines, time_span
 
 
 @dataclass(slots=True)
-class Converted:
-    """The result of a conversion: the matched ops and what the trace holds."""
+class Analysis:
+    """A job's matched ops and what the diagnosis made of them."""
 
+    job: Job
     ops: list[MatchedOp]
-    stats: TraceStats
-    path: str
+    diagnosis: Diagnosis
 
 
-def write_trace(job: Job, ops: list[MatchedOp], path: str) -> TraceStats:
-    """Write the Perfetto trace of ``job`` to ``path`` (atomically)."""
+def analyse(job: Job) -> Analysis:
+    """Match the job's ops across ranks and diagnose them."""
+    ops = match_ops(job)
+    return Analysis(job, ops, diagnose(job, ops))
+
+
+def write_trace(analysis: Analysis, path: str) -> TraceStats:
+    """Write the Perfetto trace of an analysed job to ``path`` (atomically)."""
+    job, ops = analysis.job, analysis.ops
     span = time_span(job)
+    finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span)
     with atomic_output(path) as out:
         writer = PerfettoWriter(out)
-        problem_times = [op.first_time_ns for op in ops if op.status != "ok"]
+        problem_times = [op.first_time_ns for op in ops if op.status != OK]
         if problem_times:
+            # Open the UI on the last tenth of the job before the first problem.
             writer.range_of_interest(max(span.start, min(problem_times) - (span.end - span.start) // 10))
-        for timeline in rank_timelines(job, ops, span):
+        for track in finding_tracks:
+            writer.track(track)
+        for track in finding_tracks:
+            writer.slices(track.uuid, track.slices)
+        for timeline in rank_timelines(job, ops, span, highlights):
             for track in timeline.tracks:
                 writer.track(track)
             for track in timeline.tracks:
                 writer.slices(track.uuid, track.slices)
     return writer.stats
-
-
-def convert_job(job: Job, path: str) -> Converted:
-    """Match the job's ops and write its trace."""
-    ops = match_ops(job)
-    return Converted(ops, write_trace(job, ops, path), path)

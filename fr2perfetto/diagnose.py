@@ -12,8 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .job import Job
-from .model import COMPLETED, INCOMPLETE, MISMATCH, MISSING, STUCK, Frame, Group, MatchedOp, head_entry, state_entry
-from .timeline import ranks_label
+from .model import (
+    COMPLETED,
+    INCOMPLETE,
+    MISMATCH,
+    MISSING,
+    STUCK,
+    Finding,
+    Frame,
+    Group,
+    MatchedOp,
+    head_entry,
+    ranks_label,
+    state_entry,
+)
 
 # Finding kinds, as the report names them.
 KIND_MISSING = "missing"
@@ -33,23 +45,6 @@ CATEGORY_GPU_HANG = "GPU/NCCL/network hang (every rank entered the op and none c
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
 CATEGORY_STRAGGLER = "slow rank (a straggler enqueues collectives late)"
 CATEGORY_NONE = "none"
-
-
-@dataclass(slots=True)
-class Finding:
-    """One thing wrong with the job, with the ranks involved and those to blame."""
-
-    kind: str
-    group: Group | None
-    seq: int
-    op: str
-    ranks: tuple[int, ...]
-    culprit_ranks: tuple[int, ...]
-    evidence: list[str]
-    summary: str
-    time_ns: int
-    culprit_frames: tuple[Frame, ...] = ()
-    op_keys: tuple[int, ...] = ()  # the matched ops it is about
 
 
 @dataclass(slots=True)

@@ -36,6 +36,8 @@ def parse_dump_name(path: str) -> DumpName | None:
     if not match:
         return None
     rank = int(match.group(1))
+    if rank >= 2**31:
+        return None  # not a rank: a timestamp or a hash
     tokens = re.split(r"[_]", stem[: match.start()].rstrip("_-"))
     host = None
     if "rank" in tokens:

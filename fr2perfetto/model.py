@@ -201,3 +201,34 @@ def state_entry(entries: list[Entry]) -> Entry:
     """The entry that carries a rank's state: the closing entry of a coalesced group, if any."""
     last = entries[-1]
     return last.closed_by or last
+
+
+@dataclass(slots=True)
+class Finding:
+    """One thing wrong with the job, with the ranks involved and those to blame."""
+
+    kind: str
+    group: Group | None
+    seq: int
+    op: str
+    ranks: tuple[int, ...]
+    culprit_ranks: tuple[int, ...]
+    evidence: list[str]
+    summary: str
+    time_ns: int
+    culprit_frames: tuple[Frame, ...] = ()
+    op_keys: tuple[int, ...] = ()  # the matched ops it is about
+
+
+def ranks_label(ranks: tuple[int, ...] | list[int]) -> str:
+    """``[0, 1, 2, 5]`` to ``0-2,5``."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

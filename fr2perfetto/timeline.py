@@ -13,7 +13,20 @@ from typing import Union
 
 from .job import Job
 from .match import tracks_completion
-from .model import COMPLETED, INCOMPLETE, MISMATCH, MISSING, STUCK, Entry, Group, MatchedOp, head_entry, state_entry
+from .model import (
+    COMPLETED,
+    INCOMPLETE,
+    MISMATCH,
+    MISSING,
+    STUCK,
+    Entry,
+    Finding,
+    Group,
+    MatchedOp,
+    head_entry,
+    ranks_label,
+    state_entry,
+)
 
 ArgValue = Union[str, int, float, bool, list["ArgValue"]]  # noqa: UP007 - a recursive alias needs Union
 
@@ -26,6 +39,8 @@ PREFIX = {
 }
 NEVER_ISSUED = "✗ NEVER ISSUED "
 GLOO_TIMING = "not recorded: this backend records enqueue time only; the slice spans to the next op on this group"
+FINDINGS_UUID = 1
+FINDING_FLOW_BASE = 1 << 48  # flow ids of findings, far above those of ops (their op keys)
 PID_BASE = 100_000  # pid 0 means the idle process to trace tools, so ranks get pids from here
 
 
@@ -37,7 +52,7 @@ class Slice:
     end: int | None
     name: str
     args: list[tuple[str, ArgValue]]
-    flow_id: int | None = None
+    flow_ids: list[int] = field(default_factory=list)
     correlation_id: int | None = None
 
 
@@ -86,20 +101,6 @@ def time_span(job: Job) -> TimeSpan:
     return TimeSpan(first, last + margin)
 
 
-def ranks_label(ranks: tuple[int, ...] | list[int]) -> str:
-    """``[0, 1, 2, 5]`` to ``0-2,5``."""
-    parts: list[str] = []
-    ordered = sorted(ranks)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 def rank_uuid(rank: int) -> int:
     """A process track's uuid; its child tracks take the numbers just above it."""
     return (rank + 1) << 32
@@ -116,22 +117,32 @@ def ops_by_rank(ops: list[MatchedOp]) -> dict[int, list[tuple[MatchedOp, list[En
     return index
 
 
+@dataclass(slots=True)
+class Highlights:
+    """What the diagnosis adds to the ranks' tracks: culprit labels and flows from findings to ops."""
+
+    culprits: dict[int, str] = field(default_factory=dict)  # rank -> why it is to blame
+    finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
+
+
 def rank_timelines(
-    job: Job, ops: list[MatchedOp], span: TimeSpan, culprits: dict[int, str] | None = None
+    job: Job, ops: list[MatchedOp], span: TimeSpan, highlights: Highlights | None = None, ranks: list[int] | None = None
 ) -> Iterator[RankTimeline]:
     """Yield each rank's timeline in rank order, built only when asked for."""
     index = ops_by_rank(ops)
-    for rank in job.ranks:
-        yield rank_timeline(job, rank, index.get(rank, []), span, (culprits or {}).get(rank))
+    highlights = highlights or Highlights()
+    for rank in job.ranks if ranks is None else ranks:
+        yield rank_timeline(job, rank, index.get(rank, []), span, highlights)
 
 
 def rank_timeline(
-    job: Job, rank: int, rank_ops: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, culprit: str | None = None
+    job: Job, rank: int, rank_ops: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights
 ) -> RankTimeline:
     """The tracks of one rank: its process, one track per group it belongs to, lanes as needed."""
     dump = job.dumps.get(rank)
     process_uuid = rank_uuid(rank)
     labels = []
+    culprit = highlights.culprits.get(rank)
     if culprit:
         labels.append(f"CULPRIT: {culprit}")
     if dump is None:
@@ -155,7 +166,7 @@ def rank_timeline(
         per_group_ops.setdefault(op.group, []).append((op, entries))
         by_group.setdefault(op.group, [])
     for group, items in per_group_ops.items():
-        by_group[group] = _group_slices(rank, items, span)
+        by_group[group] = _group_slices(rank, items, span, highlights.finding_flows)
     tracks = [process]
     for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
         group_uuid = process_uuid + len(tracks)
@@ -179,7 +190,9 @@ def rank_timeline(
     return RankTimeline(rank, tracks)
 
 
-def _group_slices(rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan) -> list[Slice]:
+def _group_slices(
+    rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, finding_flows: dict[int, list[int]]
+) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
     items.sort(key=lambda item: item[1][0].time_created_ns if item[1] else item[0].first_time_ns)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
@@ -188,10 +201,12 @@ def _group_slices(rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: T
     for op, entries in items:
         if not entries:
             slices.append(_never_issued_marker(op, rank))
+            slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
             continue
         next_index += 1
         next_start = starts[next_index] if next_index < len(starts) else None
         slices.append(_op_slice(op, rank, entries, span, next_start))
+        slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
     return slices
 
 
@@ -220,9 +235,53 @@ def _op_slice(op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, ne
         end=end,
         name=prefix + (op.title_as(head.op) if op.kind == "p2p" else op.title),
         args=op_args(op, rank, entries, head, last),
-        flow_id=op.op_key if shared else None,
+        flow_ids=[op.op_key] if shared else [],
         correlation_id=op.op_key if shared else None,
     )
+
+
+def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track], Highlights]:
+    """A ``Findings`` track above all ranks, a slice per finding, and the highlights they imply.
+
+    Each finding gets its own child track (they all run to the end of the trace) and a flow to
+    every op it is about.
+    """
+    parent = Track(FINDINGS_UUID, "Findings", order=-1, description="what fr2perfetto analyze found, strongest first")
+    tracks = [parent]
+    highlights = Highlights()
+    for number, finding in enumerate(findings, start=1):
+        flow = FINDING_FLOW_BASE + number
+        start = max(span.start, (finding.time_ns or span.start) - 1)
+        args: list[tuple[str, ArgValue]] = [
+            ("kind", finding.kind),
+            ("summary", finding.summary),
+            ("culprit_ranks", ranks_label(finding.culprit_ranks) or "none"),
+            ("ranks", ranks_label(finding.ranks)),
+            ("evidence", list(finding.evidence)),
+        ]
+        if finding.group is not None:
+            args += [
+                ("group", finding.group.name),
+                ("group_desc", finding.group.desc),
+                ("group_ranks", ranks_label(finding.group.members)),
+            ]
+        if finding.op:
+            args += [("op", finding.op), ("seq", finding.seq)]
+        if finding.culprit_frames:
+            args.append(("culprit_stack", [f"{f.name} ({f.filename}:{f.line})" for f in finding.culprit_frames]))
+        item = Slice(start, span.end, f"{finding.kind}: {finding.summary}", args)
+        if finding.op_keys:
+            item.flow_ids.append(flow)
+            for key in finding.op_keys:
+                highlights.finding_flows.setdefault(key, []).append(flow)
+        tracks.append(
+            Track(
+                FINDINGS_UUID + number, f"{number}. {finding.kind}", parent=FINDINGS_UUID, order=number, slices=[item]
+            )
+        )
+        for rank in finding.culprit_ranks:
+            highlights.culprits.setdefault(rank, finding.kind)
+    return tracks, highlights
 
 
 def _never_issued_marker(op: MatchedOp, rank: int) -> Slice:

@@ -66,7 +66,9 @@ class PerfettoWriter:
         desc.uuid = track.uuid
         if track.parent is not None:
             desc.parent_uuid = track.parent
-        if track.pid is not None:
+        if track.parent is None and track.pid is None:
+            desc.name = track.name  # a global track (Findings): shown above every process
+        elif track.pid is not None:
             desc.process.pid = track.pid
             desc.process.process_name = track.name
             desc.process.process_labels.extend(track.labels)
@@ -95,9 +97,9 @@ class PerfettoWriter:
                 annotation = event.debug_annotations.add()
                 annotation.name_iid = self._intern(self._arg_names, name, begin.interned_data.debug_annotation_names)
                 self._set_value(annotation, value, begin.interned_data)
-            if item.flow_id is not None:
-                event.flow_ids.append(item.flow_id)
-                self.stats.flow_ids.add(item.flow_id)
+            if item.flow_ids:
+                event.flow_ids.extend(item.flow_ids)
+                self.stats.flow_ids.update(item.flow_ids)
             if item.correlation_id is not None:
                 event.correlation_id = item.correlation_id
             self._builder.write_packet(begin)

@@ -1,0 +1,109 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Report(_message.Message):
+    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    INPUT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    schema_version: str
+    tool_version: str
+    verdict: Verdict
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    job: JobSummary
+    input_problems: _containers.RepeatedCompositeFieldContainer[InputProblem]
+    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("status", "culprit_ranks", "category", "summary", "evidence")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_RANKS_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    culprit_ranks: _containers.RepeatedScalarFieldContainer[int]
+    category: str
+    summary: str
+    evidence: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[str] = ..., culprit_ranks: _Optional[_Iterable[int]] = ..., category: _Optional[str] = ..., summary: _Optional[str] = ..., evidence: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("name", "desc", "members")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESC_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    desc: str
+    members: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., desc: _Optional[str] = ..., members: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("name", "filename", "line")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    filename: str
+    line: int
+    def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("kind", "group", "seq", "op", "ranks", "culprit_ranks", "evidence", "culprit_frames", "summary", "time_ns")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_RANKS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    group: Group
+    seq: int
+    op: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    culprit_ranks: _containers.RepeatedScalarFieldContainer[int]
+    evidence: _containers.RepeatedScalarFieldContainer[str]
+    culprit_frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    summary: str
+    time_ns: int
+    def __init__(self, kind: _Optional[str] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., culprit_ranks: _Optional[_Iterable[int]] = ..., evidence: _Optional[_Iterable[str]] = ..., culprit_frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., summary: _Optional[str] = ..., time_ns: _Optional[int] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("ranks", "ranks_with_dump", "missing_ranks", "groups", "ops", "dump_versions", "has_timing")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_WITH_DUMP_FIELD_NUMBER: _ClassVar[int]
+    MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    DUMP_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    HAS_TIMING_FIELD_NUMBER: _ClassVar[int]
+    ranks: int
+    ranks_with_dump: _containers.RepeatedScalarFieldContainer[int]
+    missing_ranks: _containers.RepeatedScalarFieldContainer[int]
+    groups: int
+    ops: int
+    dump_versions: _containers.RepeatedScalarFieldContainer[str]
+    has_timing: bool
+    def __init__(self, ranks: _Optional[int] = ..., ranks_with_dump: _Optional[_Iterable[int]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., groups: _Optional[int] = ..., ops: _Optional[int] = ..., dump_versions: _Optional[_Iterable[str]] = ..., has_timing: _Optional[bool] = ...) -> None: ...
+
+class InputProblem(_message.Message):
+    __slots__ = ("path", "reason", "fatal")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    reason: str
+    fatal: bool
+    def __init__(self, path: _Optional[str] = ..., reason: _Optional[str] = ..., fatal: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,67 @@
+"""The analysis report as the protobuf message defined in ``proto/fr2perfetto_report.proto``."""
+
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from . import __version__
+from .diagnose import Diagnosis
+from .job import Job
+from .model import MatchedOp
+from .proto import fr2perfetto_report_pb2 as report_pb2
+
+SCHEMA_VERSION = "1"
+_INT32_MAX = 2**31 - 1
+
+
+def _int32(value: int) -> int:
+    return max(-_INT32_MAX, min(value, _INT32_MAX))
+
+
+def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report_pb2.Report:
+    """Everything ``analyze`` knows, as a ``Report`` message."""
+    report = report_pb2.Report(schema_version=SCHEMA_VERSION, tool_version=__version__)
+    verdict = diagnosis.verdict
+    report.verdict.status = verdict.status
+    report.verdict.culprit_ranks.extend(verdict.culprit_ranks)
+    report.verdict.category = verdict.category
+    report.verdict.summary = verdict.summary
+    report.verdict.evidence.extend(verdict.evidence)
+    for finding in diagnosis.findings:
+        item = report.findings.add(
+            kind=finding.kind,
+            seq=_int32(finding.seq),
+            op=finding.op,
+            ranks=finding.ranks,
+            culprit_ranks=finding.culprit_ranks,
+            evidence=finding.evidence,
+            summary=finding.summary,
+            time_ns=finding.time_ns,
+        )
+        if finding.group is not None:
+            item.group.name = finding.group.name
+            item.group.desc = finding.group.desc
+            item.group.members.extend(finding.group.members)
+        for frame in finding.culprit_frames:
+            item.culprit_frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
+    summary = report.job
+    summary.ranks = len(job.ranks)
+    summary.ranks_with_dump.extend(job.dumps)
+    summary.missing_ranks.extend(job.missing_ranks)
+    summary.groups = len(job.groups)
+    summary.ops = len(ops)
+    summary.dump_versions.extend(sorted({d.version for d in job.dumps.values()}))
+    summary.has_timing = any(d.has_timing for d in job.dumps.values())
+    for problem in job.problems:
+        report.input_problems.add(path=problem.path, reason=problem.reason, fatal=problem.fatal)
+    return report
+
+
+def report_json(report: report_pb2.Report) -> str:
+    """The report in protobuf's JSON mapping, with the field names of the schema."""
+    return json_format.MessageToJson(report, preserving_proto_field_name=True, indent=2)
+
+
+def parse_report_json(text: str) -> report_pb2.Report:
+    """Parse (and so validate) a JSON report against the schema; raises ``json_format.ParseError``."""
+    return json_format.Parse(text, report_pb2.Report())

@@ -1,0 +1,138 @@
+"""The scenario suite: for each way a job goes wrong, the verdict and the culprit are right."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fr2perfetto.report import parse_report_json
+
+from .conftest import run_cli
+from .tracecheck import read_trace
+
+# scenario -> (status, culprit ranks, finding kinds, words the summary must contain)
+GLOO = {
+    "healthy": ("healthy", [], [], "every op matched"),
+    "skip": ("hang", [2], ["missing"], "rank 2 never issued all_reduce #4 of default_pg"),
+    "skip_subgroup": ("hang", [1], ["missing"], "rank 1 never issued all_reduce #3 of tp"),
+    "deadlock": ("hang", [0, 1], ["deadlock"], "wait for each other in all_reduce #2 of x"),
+    "size_mismatch": ("mismatch", [3], ["size_mismatch"], "sizes differ in all_reduce #2"),
+    "dtype_mismatch": ("mismatch", [1], ["dtype_mismatch"], "dtypes differ in all_reduce #2"),
+    "type_mismatch": ("mismatch", [2], ["type_mismatch"], "ops differ in all_reduce #2"),
+    "order_swap": ("mismatch", [3], ["type_mismatch", "type_mismatch"], "ops differ in all_reduce #2"),
+}
+NCCL = {
+    "demo": ("hang", [5], ["missing"], "rank 5 never issued all_reduce #4 of tp"),
+    "stuck": ("hang", [], ["stuck"], "stuck on every rank"),
+    "send_without_recv": ("hang", [1], ["p2p"], "send 0->1 #2 has no matching recv on rank 1"),
+    "straggler": ("healthy", [6], ["straggler"], "rank 6 enqueues collectives late: 40.0 ms median"),
+    "missing_dump": ("hang", [3], ["no_dump"], "rank 3 left no dump and ranks 0-2 wait for it"),
+    "wrap": ("hang", [1], ["missing"], "rank 1 never issued all_reduce #21"),
+    "mixed_formats": ("mismatch", [2], ["size_mismatch"], "sizes differ in all_reduce #4"),
+    "victim": ("hang", [2], ["missing", "missing"], "rank 2 never issued all_reduce #3 of dp"),
+}
+
+
+def analyze_json(folder: Path) -> tuple[int, dict]:
+    code, stdout, stderr = run_cli("analyze", str(folder), "--json")
+    report = parse_report_json(stdout)  # validates against the schema in proto/
+    assert report.schema_version == "1"
+    return code, json.loads(stdout)
+
+
+def check(folder: Path, expected: tuple[str, list[int], list[str], str]) -> dict:
+    status, culprits, kinds, words = expected
+    code, report = analyze_json(folder)
+    verdict = report["verdict"]
+    assert verdict["status"] == status
+    assert verdict.get("culprit_ranks", []) == culprits
+    assert [f["kind"] for f in report.get("findings", [])] == kinds
+    assert words in verdict["summary"]
+    assert code == (0 if not kinds else 1)
+    return report
+
+
+@pytest.mark.parametrize("scenario", list(GLOO))
+def test_real_gloo_scenarios(gloo_job, scenario: str):
+    check(gloo_job(scenario), GLOO[scenario])
+
+
+@pytest.mark.parametrize("scenario", list(NCCL))
+def test_nccl_layout_scenarios(nccl_job, scenario: str):
+    check(nccl_job(scenario), NCCL[scenario])
+
+
+def test_victim_is_not_blamed(nccl_job):
+    report = check(nccl_job("victim"), NCCL["victim"])
+    tp = report["findings"][1]
+    assert tp["group"]["desc"] == "tp" and tp.get("culprit_ranks", []) == []
+    assert any("rank 1 is a victim" in line and "dp" in line for line in tp["evidence"])
+
+
+def test_two_member_mismatch_is_undecided(nccl_job, tmp_path: Path):
+    from .conftest import nccl_layout
+
+    job = nccl_layout.Job(2)
+    job.collective("all_reduce")
+    job.collective("all_reduce", sizes={1: 4}, hang=True)
+    job.dump(str(tmp_path))
+    code, report = analyze_json(tmp_path)
+    (finding,) = report["findings"]
+    assert finding["kind"] == "size_mismatch" and finding.get("culprit_ranks", []) == []
+    assert report["verdict"]["status"] == "undecided" and code == 1
+    assert any("cannot be decided" in line for line in finding["evidence"])
+
+
+def test_finding_fields_for_a_bug_report(gloo_job):
+    _, report = analyze_json(gloo_job("skip"))
+    (finding,) = report["findings"]
+    assert finding["group"] == {"name": "0", "desc": "default_pg", "members": [0, 1, 2, 3]}
+    assert (finding["seq"], finding["op"], finding["culprit_ranks"]) == (4, "all_reduce", [2])
+    assert finding["culprit_frames"][0]["name"] == "all_reduce"
+    assert report["verdict"]["category"].startswith("a rank never reached the collective")
+    assert report["job"]["ranks"] == 4
+
+
+def test_terminal_output_verdict_first_and_exit_codes(gloo_job, nccl_job, tmp_path: Path):
+    code, stdout, _ = run_cli("analyze", str(gloo_job("skip")))
+    assert code == 1
+    assert stdout.index("HANG") < stdout.index("culprit rank 2") < stdout.index("1. missing")
+    assert max(len(line) for line in stdout.splitlines()) <= 100
+    code, stdout, _ = run_cli("analyze", str(gloo_job("healthy")))
+    assert code == 0 and "HEALTHY" in stdout
+    (tmp_path / "rank_0").write_text("nonsense")
+    code, stdout, stderr = run_cli("analyze", str(tmp_path / "rank_0"), "--json")
+    assert code == 2 and stdout == "" and "rank_0" in stderr
+
+
+def test_trace_carries_the_findings(nccl_job, tmp_path: Path):
+    out = tmp_path / "t.pftrace"
+    code, _, stderr = run_cli("convert", str(nccl_job("demo")), "-o", str(out))
+    assert code == 0, stderr
+    trace = read_trace(str(out))
+    (findings_track,) = trace.tracks_named("Findings")
+    assert trace.tracks[findings_track][1] is None  # a global track, above every process
+    finding_slices = [s for s in trace.all_slices() if trace.process_of(s[0]) == "Findings"]
+    assert len(finding_slices) == 1
+    _, start, end, name, args = finding_slices[0]
+    assert name.startswith("missing: rank 5 never issued") and args["culprit_ranks"] == "5"
+    # a flow from the finding to the op on every rank that issued it, and to the culprit's marker
+    (flow,) = [f for f, n in trace.flows.items() if f >= 1 << 48]
+    assert trace.flows[flow] == 1 + 3 + 1
+    assert "CULPRIT: missing" in trace.process_labels["rank 5"]
+    assert not any("CULPRIT" in label for r in ("rank 4", "rank 6") for label in trace.process_labels[r])
+
+
+def test_committed_report_module_is_up_to_date(tmp_path: Path):
+    """``make proto`` output must match what is committed."""
+    from grpc_tools import protoc
+
+    root = Path(__file__).resolve().parent.parent
+    args = ["protoc", f"-I{root / 'proto'}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
+            str(root / "proto" / "fr2perfetto_report.proto")]  # fmt: skip
+    assert protoc.main(args) == 0
+    for name in ("fr2perfetto_report_pb2.py", "fr2perfetto_report_pb2.pyi"):
+        committed = (root / "fr2perfetto" / "proto" / name).read_text()
+        assert (tmp_path / name).read_text() == committed, f"{name} is stale: run make proto"
