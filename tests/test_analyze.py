@@ -36,7 +36,7 @@ NCCL = {
 
 
 def analyze_json(folder: Path) -> tuple[int, dict]:
-    code, stdout, stderr = run_cli("analyze", str(folder), "--json")
+    code, stdout, _stderr = run_cli("analyze", str(folder), "--json")
     report = parse_report_json(stdout)  # validates against the schema in proto/
     assert report.schema_version == "1"
     return code, json.loads(stdout)
@@ -116,7 +116,7 @@ def test_trace_carries_the_findings(nccl_job, tmp_path: Path):
     assert trace.tracks[findings_track][1] is None  # a global track, above every process
     finding_slices = [s for s in trace.all_slices() if trace.process_of(s[0]) == "Findings"]
     assert len(finding_slices) == 1
-    _, start, end, name, args = finding_slices[0]
+    _, _start, _end, name, args = finding_slices[0]
     assert name.startswith("missing: rank 5 never issued") and args["culprit_ranks"] == "5"
     # a flow from the finding to the op on every rank that issued it, and to the culprit's marker
     (flow,) = [f for f, n in trace.flows.items() if f >= 1 << 48]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fr2perfetto.job import load_job
 from fr2perfetto.match import match_ops
-from fr2perfetto.timeline import NEVER_ISSUED, PREFIX
+from fr2perfetto.timeline import FINDING_FLOW_BASE, NEVER_ISSUED, PREFIX
 
 from .conftest import run_cli
 from .tracecheck import read_trace
@@ -39,10 +39,13 @@ def test_skipped_collective_is_marked_on_waiters_and_on_the_rank_that_never_issu
     (marker_track,) = [u for u, items in trace.instants.items() if items]
     assert "default_pg" in trace.tracks[marker_track][0]
 
-    # Flows: one per op issued by two ranks or more, each joining all of them.
+    # Flows: one per op issued by two ranks or more, each joining all of them, and one from the
+    # finding to the three waiting ranks' slices and the culprit's marker.
     ops = match_ops(load_job([str(dumps)]))
-    assert len(trace.flows) == sum(1 for op in ops if len(op.entries) >= 2)
-    assert sorted(trace.flows.values()) == sorted(len(op.entries) for op in ops if len(op.entries) >= 2)
+    op_flows = {f: n for f, n in trace.flows.items() if f < FINDING_FLOW_BASE}
+    assert len(op_flows) == sum(1 for op in ops if len(op.entries) >= 2)
+    assert sorted(op_flows.values()) == sorted(len(op.entries) for op in ops if len(op.entries) >= 2)
+    assert sorted(n for f, n in trace.flows.items() if f >= FINDING_FLOW_BASE) == [1 + 3 + 1]
     # gloo records no completion: the slice says so instead of inventing a duration.
     args = trace.all_slices()[0][4]
     assert "records enqueue time only" in str(args["timing"])
