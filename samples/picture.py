@@ -1,0 +1,98 @@
+"""Draw a trace written by fr2perfetto as an SVG picture (for the README), read back with Perfetto's schema.
+
+    python samples/picture.py TRACE.pftrace OUT.svg
+
+A sketch of what ui.perfetto.dev shows: a row per track (the Findings track first, then each rank's
+group tracks), slices as boxes, markers as diamonds, flows as lines between slices of one op.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import zlib
+from collections import defaultdict
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+WIDTH, ROW, LABEL = 1100, 22, 230
+
+
+def _colour(name: str) -> str:
+    if name.startswith(("⚠", "✗")) or name.startswith(("missing", "deadlock", "p2p", "no_dump")):
+        return "#d9534f"
+    if name.startswith("⏳"):
+        return "#f0ad4e"
+    hue = zlib.crc32(name.split(" #")[0].encode()) % 360
+    return f"hsl({hue},55%,62%)"
+
+
+def draw(trace_path: str) -> str:
+    trace = pb.Trace()
+    with open(trace_path, "rb") as f:
+        trace.ParseFromString(f.read())
+    names: dict[int, str] = {}
+    tracks: dict[int, tuple[str, int | None]] = {}
+    rows: list[int] = []
+    slices: dict[int, list[tuple[int, int, str, list[int]]]] = defaultdict(list)
+    instants: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    open_: dict[int, list[tuple[int, str, list[int]]]] = defaultdict(list)
+    for p in trace.packet:
+        for item in p.interned_data.event_names:
+            names[item.iid] = item.name
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            label = d.process.process_name if d.HasField("process") else d.name
+            tracks[d.uuid] = (label, d.parent_uuid if d.HasField("parent_uuid") else None)
+            if d.HasField("parent_uuid"):
+                rows.append(d.uuid)
+        if p.HasField("track_event"):
+            e = p.track_event
+            if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+                open_[e.track_uuid].append((p.timestamp, names[e.name_iid], list(e.flow_ids)))
+            elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+                start, name, flows = open_[e.track_uuid].pop()
+                slices[e.track_uuid].append((start, p.timestamp, name, flows))
+            elif e.type == pb.TrackEvent.TYPE_INSTANT:
+                instants[e.track_uuid].append((p.timestamp, names[e.name_iid]))
+    times = [t for items in slices.values() for s in items for t in s[:2]]
+    t0, t1 = min(times), max(times)
+    scale = (WIDTH - LABEL - 10) / max(t1 - t0, 1)
+
+    def x(t: int) -> float:
+        return LABEL + (t - t0) * scale
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{ROW * (len(rows) + 2)}" '
+           'font-family="sans-serif" font-size="11">', f'<rect width="100%" height="100%" fill="white"/>']
+    ends: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for row, uuid in enumerate(rows, start=1):
+        y = row * ROW
+        name, parent = tracks[uuid]
+        process = tracks[parent][0] if parent in tracks and tracks[parent][1] is None else ""
+        label = f"{process} · {name}" if process and process != "Findings" else name
+        out.append(f'<text x="4" y="{y + 15}">{html.escape(label[:38])}</text>')
+        out.append(f'<line x1="{LABEL}" y1="{y + ROW}" x2="{WIDTH}" y2="{y + ROW}" stroke="#eee"/>')
+        for start, end, sname, flows in slices[uuid]:
+            w = max(x(end) - x(start), 1.5)
+            out.append(f'<rect x="{x(start):.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
+                       f'fill="{_colour(sname)}"><title>{html.escape(sname)}</title></rect>')
+            if w > 60:
+                out.append(f'<text x="{x(start) + 3:.1f}" y="{y + 15}" font-size="10">{html.escape(sname[:int(w / 6)])}</text>')
+            for flow in flows:
+                ends[flow].append((x(start), y + ROW / 2))
+        for t, iname in instants[uuid]:
+            cx, cy = x(t), y + ROW / 2
+            out.append(f'<path d="M{cx:.1f},{cy - 7} l7,7 l-7,7 l-7,-7 z" fill="#d9534f"><title>{html.escape(iname)}</title></path>')
+    for points in ends.values():
+        points.sort()
+        for (ax, ay), (bx, by) in zip(points, points[1:]):
+            out.append(f'<line x1="{ax:.1f}" y1="{ay:.1f}" x2="{bx:.1f}" y2="{by:.1f}" stroke="#555" stroke-width="0.6" opacity="0.6"/>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    with open(sys.argv[2], "w") as f:
+        f.write(draw(sys.argv[1]))
