@@ -49,6 +49,8 @@ def _read_one(path: str) -> RankDump | LoadProblem:
         return read_dump(path)
     except DumpError as error:
         return LoadProblem(path, str(error))
+    except Exception as error:
+        return LoadProblem(path, f"unreadable dump ({type(error).__name__}: {str(error)[:120]})")
 
 
 def read_files(

@@ -21,6 +21,7 @@ from .model import (
     Group,
     MatchedOp,
     head_entry,
+    majority_op,
     state_entry,
 )
 
@@ -107,6 +108,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
+        op.name = majority_op(op.entries)
         classify(op)
     return ops
 

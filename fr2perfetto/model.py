@@ -163,15 +163,7 @@ class MatchedOp:
     mismatch_ranks: tuple[int, ...] = ()  # the minority that disagrees
     peers: tuple[int, int] | None = None  # p2p: (source, destination) global ranks
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
-
-    @property
-    def name(self) -> str:
-        """Majority op name, e.g. ``all_reduce``."""
-        counts: dict[str, int] = {}
-        for entries in self.entries.values():
-            op = head_entry(entries).op
-            counts[op] = counts.get(op, 0) + 1
-        return max(counts, key=lambda k: (counts[k], k)) if counts else "?"
+    name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
 
     @property
     def title(self) -> str:
@@ -187,6 +179,15 @@ class MatchedOp:
     @property
     def first_time_ns(self) -> int:
         return min(e[0].time_created_ns for e in self.entries.values())
+
+
+def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
+    """The op name most ranks issued (ties: the alphabetically last, so that it is stable)."""
+    counts: dict[str, int] = {}
+    for entries in entries_by_rank.values():
+        op = head_entry(entries).op
+        counts[op] = counts.get(op, 0) + 1
+    return max(counts, key=lambda k: (counts[k], k)) if counts else "?"
 
 
 def head_entry(entries: list[Entry]) -> Entry:

@@ -18,6 +18,9 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
     try:
         with os.fdopen(handle, "wb", buffering=1 << 20) as out:
             yield out
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; a trace is an ordinary file
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

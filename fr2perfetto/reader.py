@@ -113,13 +113,13 @@ def normalise(raw: dict[str, Any], *, rank: int, path: str, host: str | None, fi
 
     pg_config = _read_pg_config(raw.get("pg_config"), major)
     comm_lib = raw.get("comm_lib_version", raw.get("nccl_version", raw.get("xccl_version", "")))
-    frame_cache: dict[int, Frame] = {}
+    caches = _Caches()
     entries: list[Entry] = []
     skipped = 0
     first_reason = ""
     for index, item in enumerate(raw_entries):
         try:
-            entries.append(_read_entry(item, rank, major, pg_config, frame_cache))
+            entries.append(_read_entry(item, rank, major, pg_config, caches))
         except _BadEntry as error:
             skipped += 1
             first_reason = first_reason or f"entry {index}: {error}"
@@ -154,7 +154,7 @@ def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
             name, desc, ranks = key, "", _parse_ranks(list(info))
         else:
             continue
-        name = str(name) if isinstance(name, (str, int)) and not isinstance(name, bool) else ""
+        name = name if isinstance(name, str) else str(name) if type(name) is int and abs(name) < 2**63 else ""
         if name == "":
             continue  # gloo registers groups under "" with wrong or empty ranks
         config[str(key) if major == 1 else name] = GroupConfig(name, desc if isinstance(desc, str) else "", ranks)
@@ -221,7 +221,9 @@ def _str(item: dict[str, Any], key: str, default: str = "") -> str:
     value = item.get(key, default)
     if value is None:
         return default
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
+    if isinstance(value, str):
+        return value
+    if type(value) is int and abs(value) <= _INT64_MAX:  # thread ids have been written as numbers
         return str(value)
     raise _BadEntry(f"{key} is {_describe(value)}, not a string")
 
@@ -245,11 +247,17 @@ def _dtypes(item: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(_DTYPE_NAMES.get(d, d) for d in value)
 
 
-def _frames(value: Any, cache: dict[int, Frame]) -> tuple[Frame, ...]:
+def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
     if not value:
         return ()
     if not isinstance(value, (list, tuple)):
         raise _BadEntry(f"frames is {_describe(value)}, not a list")
+    # PyTorch's pickler writes each distinct frame dict once; entries with the same stack share a tuple.
+    ids = tuple(map(id, value))
+    shared = caches.frame_tuples.get(ids)
+    if shared is not None:
+        return shared
+    cache = caches.frames
     frames = []
     for raw in value:
         # PyTorch's pickler shares one dict per distinct frame; reuse one Frame for it.
@@ -258,14 +266,16 @@ def _frames(value: Any, cache: dict[int, Frame]) -> tuple[Frame, ...]:
             if not isinstance(raw, dict):
                 raise _BadEntry("a frame is not a dict")
             line = raw.get("line", 0)
+            name, filename = raw.get("name"), raw.get("filename")
             frame = Frame(
-                name=str(raw.get("name", "?")),
-                filename=str(raw.get("filename", "?")),
+                name=name if isinstance(name, str) else "?",
+                filename=filename if isinstance(filename, str) else "?",
                 line=line if type(line) is int and 0 <= line <= _INT64_MAX else 0,
             )
             cache[id(raw)] = frame
         frames.append(frame)
-    return tuple(frames)
+    shared = caches.frame_tuples[ids] = tuple(frames)
+    return shared
 
 
 def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
@@ -280,72 +290,145 @@ def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
     return backend, op or "?", peers
 
 
-def _read_entry(
-    item: Any, rank: int, major: int, pg_config: dict[str, GroupConfig], frame_cache: dict[int, Frame]
-) -> Entry:
-    if not isinstance(item, dict):
+class _Caches:
+    """Per-file caches: ops, groups, sizes and dtypes repeat from entry to entry; check each once."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, Frame] = {}
+        self.frame_tuples: dict[tuple[int, ...], tuple[Frame, ...]] = {}
+        self.names: dict[str, tuple[str, str, tuple[int, int] | None]] = {}
+        self.groups: dict[tuple[object, ...], tuple[str, str]] = {}
+        self.sizes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
+        self.dtypes: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _fast_sizes(item: dict[str, Any], key: str, cache: dict[Any, Any]) -> tuple[tuple[int, ...], ...]:
+    value = item.get(key)
+    try:
+        as_tuple = tuple(map(tuple, value)) if value else ()
+        known = cache.get(as_tuple)
+    except TypeError:
+        return _sizes(item, key)  # raises with the reason
+    if known is None:
+        known = cache[as_tuple] = _sizes(item, key)
+    return known
+
+
+def _fast_dtypes(item: dict[str, Any], key: str, cache: dict[Any, Any]) -> tuple[str, ...]:
+    value = item.get(key)
+    try:
+        as_tuple = tuple(value) if value else ()
+        known = cache.get(as_tuple)
+    except TypeError:
+        return _dtypes(item, key)  # raises with the reason
+    if known is None:
+        known = cache[as_tuple] = _dtypes(item, key)
+    return known
+
+
+def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConfig], caches: _Caches) -> Entry:
+    if type(item) is not dict:
         raise _BadEntry(f"is {_describe(item)}, not a dict")
-    profiling_name = _str(item, "profiling_name")
-    if not profiling_name:
-        raise _BadEntry("has no profiling_name")
-    backend, op, peers = _split_profiling_name(profiling_name)
-    pg_id = _int(item, "pg_id", 0)
-    group = item.get("process_group")
-    if isinstance(group, (list, tuple)) and len(group) >= 1 and all(isinstance(x, str) for x in group[:2]):
-        group_name = group[0]
-        group_desc = group[1] if len(group) > 1 else ""
-    elif group is None and major == 1:
-        group_name, group_desc = str(pg_id), ""
-    else:
-        raise _BadEntry(f"process_group is {_describe(group)}, not (name, desc)")
+    get = item.get
+    profiling_name = get("profiling_name")
+    parsed = caches.names.get(profiling_name) if type(profiling_name) is str else None
+    if parsed is None:
+        profiling_name = _str(item, "profiling_name")
+        if not profiling_name:
+            raise _BadEntry("has no profiling_name")
+        parsed = caches.names[profiling_name] = _split_profiling_name(profiling_name)
+    backend, op, peers = parsed
+    pg_id = get("pg_id", 0)
+    if type(pg_id) is not int or not 0 <= pg_id <= _INT64_MAX:
+        pg_id = _int(item, "pg_id", 0)
+    group = get("process_group")
+    group_key = tuple(group) if type(group) in (list, tuple) else group
+    try:
+        names = caches.groups.get(group_key)  # type: ignore[arg-type]
+    except TypeError:
+        names = None
+    if names is None:
+        if isinstance(group, (list, tuple)) and len(group) >= 1 and all(isinstance(x, str) for x in group[:2]):
+            names = (group[0], group[1] if len(group) > 1 else "")
+        elif group is None and major == 1:
+            names = (str(pg_id), "")
+        else:
+            raise _BadEntry(f"process_group is {_describe(group)}, not (name, desc)")
+        if group is not None:
+            caches.groups[group_key] = names  # type: ignore[index]
+    group_name, group_desc = names
     if major == 1 and group_name not in pg_config and str(pg_id) in pg_config:
         group_name = str(pg_id)
-    if "collective_seq_id" in item:
+    collective_seq = get("collective_seq_id")
+    if type(collective_seq) is int and 0 <= collective_seq <= _INT64_MAX:
+        p2p_seq = get("p2p_seq_id", 0)
+        if type(p2p_seq) is not int or not 0 <= p2p_seq <= _INT64_MAX:
+            p2p_seq = _int(item, "p2p_seq_id", 0, low=0)
+    elif "collective_seq_id" in item:
         collective_seq = _int(item, "collective_seq_id", low=0)
         p2p_seq = _int(item, "p2p_seq_id", 0, low=0)
     else:
         seq = _int(item, "seq_id", low=0)
         collective_seq, p2p_seq = seq, (seq if peers else 0)
-    is_p2p = item.get("is_p2p")
-    if not isinstance(is_p2p, bool):
+    is_p2p = get("is_p2p")
+    if type(is_p2p) is not bool:
         is_p2p = peers is not None or op in ("send", "recv")
-    started = _optional_time(item, "time_discovered_started_ns")
-    completed = _optional_time(item, "time_discovered_completed_ns")
-    state = item.get("state")
-    if state not in _STATES:
+    started = get("time_discovered_started_ns")
+    if started is not None and (type(started) is not int or not 0 < started <= _INT64_MAX):
+        started = _optional_time(item, "time_discovered_started_ns")
+    completed = get("time_discovered_completed_ns")
+    if completed is not None and (type(completed) is not int or not 0 < completed <= _INT64_MAX):
+        completed = _optional_time(item, "time_discovered_completed_ns")
+    state = get("state")
+    if type(state) is not str or state not in _STATES:
         state = COMPLETED if completed else STARTED if started else SCHEDULED
-    duration = item.get("duration_ms")
-    if not (isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration)):
+    duration = get("duration_ms")
+    if duration is not None and not (type(duration) in (int, float) and math.isfinite(duration)):
         duration = None
-    timeout = item.get("timeout_ms")
+    timeout = get("timeout_ms")
     if not (type(timeout) is int and 0 <= timeout <= _INT64_MAX):
         timeout = None
-    retired = item.get("retired")
+    retired = get("retired")
+    created = get("time_created_ns")
+    if type(created) is not int or not 0 <= created <= _INT64_MAX:
+        created = _int(item, "time_created_ns", low=0)
+    record_id = get("record_id", 0)
+    if type(record_id) is not int or not 0 <= record_id <= _INT64_MAX:
+        record_id = _int(item, "record_id", 0, low=0)
+    op_id = get("op_id", 0)
+    if type(op_id) is not int or not 0 <= op_id <= _INT64_MAX:
+        op_id = _int(item, "op_id", 0, low=0)
+    thread_id = get("thread_id", "")
+    if type(thread_id) is not str:
+        thread_id = _str(item, "thread_id")
+    thread_name = get("thread_name", "")
+    if type(thread_name) is not str:
+        thread_name = _str(item, "thread_name")
     return Entry(
-        rank=rank,
-        group_name=group_name,
-        group_desc=group_desc,
-        pg_id=pg_id,
-        record_id=_int(item, "record_id", 0, low=0),
-        collective_seq=collective_seq,
-        p2p_seq=p2p_seq,
-        op_id=_int(item, "op_id", 0, low=0),
-        backend=backend,
-        op=op,
-        p2p_local=peers,
-        is_p2p=is_p2p,
-        input_sizes=_sizes(item, "input_sizes"),
-        output_sizes=_sizes(item, "output_sizes"),
-        input_dtypes=_dtypes(item, "input_dtypes"),
-        output_dtypes=_dtypes(item, "output_dtypes"),
-        state=state,
-        retired=retired if isinstance(retired, bool) else state == COMPLETED,
-        time_created_ns=_int(item, "time_created_ns", low=0),
-        time_started_ns=started,
-        time_completed_ns=completed,
-        duration_ms=float(duration) if duration is not None else None,
-        timeout_ms=timeout,
-        thread_id=_str(item, "thread_id"),
-        thread_name=_str(item, "thread_name"),
-        frames=_frames(item.get("frames"), frame_cache),
+        rank,
+        group_name,
+        group_desc,
+        pg_id,
+        record_id,
+        collective_seq,
+        p2p_seq,
+        op_id,
+        backend,
+        op,
+        peers,
+        is_p2p,
+        _fast_sizes(item, "input_sizes", caches.sizes),
+        _fast_sizes(item, "output_sizes", caches.sizes),
+        _fast_dtypes(item, "input_dtypes", caches.dtypes),
+        _fast_dtypes(item, "output_dtypes", caches.dtypes),
+        state,
+        retired if type(retired) is bool else state == COMPLETED,
+        created,
+        started or None,
+        completed or None,
+        float(duration) if duration is not None else None,
+        timeout,
+        thread_id,
+        thread_name,
+        _frames(get("frames"), caches),
     )

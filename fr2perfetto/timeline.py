@@ -6,6 +6,7 @@ them out. One rank at a time (``rank_tracks``) so that a writer can stream a lar
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .model import (
     STUCK,
     Entry,
     Finding,
+    Frame,
     Group,
     MatchedOp,
     head_entry,
@@ -28,7 +30,7 @@ from .model import (
     state_entry,
 )
 
-ArgValue = Union[str, int, float, bool, list["ArgValue"]]  # noqa: UP007 - a recursive alias needs Union
+ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...]]  # noqa: UP007 - a recursive alias needs Union
 
 # Name prefixes that make a problem stand out in the timeline (and in a search box).
 PREFIX = {
@@ -257,7 +259,7 @@ def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track
             ("summary", finding.summary),
             ("culprit_ranks", ranks_label(finding.culprit_ranks) or "none"),
             ("ranks", ranks_label(finding.ranks)),
-            ("evidence", list(finding.evidence)),
+            ("evidence", tuple(finding.evidence)),
         ]
         if finding.group is not None:
             args += [
@@ -268,7 +270,7 @@ def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track
         if finding.op:
             args += [("op", finding.op), ("seq", finding.seq)]
         if finding.culprit_frames:
-            args.append(("culprit_stack", [f"{f.name} ({f.filename}:{f.line})" for f in finding.culprit_frames]))
+            args.append(("culprit_stack", stack_strings(finding.culprit_frames)))
         item = Slice(start, span.end, f"{finding.kind}: {finding.summary}", args)
         if finding.op_keys:
             item.flow_ids.append(flow)
@@ -304,16 +306,15 @@ def op_args(op: MatchedOp, rank: int, entries: list[Entry], head: Entry, last: E
     """Every fact the dump gives about this rank's part in the op, as named values."""
     args: list[tuple[str, ArgValue]] = [
         ("status", op.status),
-        ("group", op.group.name),
+        ("group", op.group.name),  # its members are in the track's description
         ("group_desc", op.group.desc),
-        ("group_ranks", ranks_label(op.group.members)),
         ("collective_seq_id", head.collective_seq),
         ("p2p_seq_id", head.p2p_seq),
         ("op_id", head.op_id),
         ("record_id", head.record_id),
         ("profiling_name", head.profiling_name),
-        ("input_sizes", str([list(s) for s in head.input_sizes])),
-        ("output_sizes", str([list(s) for s in head.output_sizes])),
+        ("input_sizes", sizes_text(head.input_sizes)),
+        ("output_sizes", sizes_text(head.output_sizes)),
         ("input_dtypes", ",".join(head.input_dtypes)),
         ("output_dtypes", ",".join(head.output_dtypes)),
         ("state", last.state),
@@ -342,8 +343,20 @@ def op_args(op: MatchedOp, rank: int, entries: list[Entry], head: Entry, last: E
     if head.thread_name or head.thread_id:
         args.append(("thread", f"{head.thread_name} ({head.thread_id})"))
     if head.frames:
-        args.append(("stack", [f"{f.name} ({f.filename}:{f.line})" for f in head.frames]))
+        args.append(("stack", stack_strings(head.frames)))
     return args
+
+
+@functools.lru_cache(maxsize=65536)
+def sizes_text(sizes: tuple[tuple[int, ...], ...]) -> str:
+    """``((4, 8),)`` as ``[[4, 8]]``, the way PyTorch prints sizes."""
+    return str([list(s) for s in sizes])
+
+
+@functools.lru_cache(maxsize=65536)
+def stack_strings(frames: tuple[Frame, ...]) -> tuple[str, ...]:
+    """Frames as ``name (file:line)`` strings, innermost first; ranks share stacks, so cached."""
+    return tuple(f"{f.name} ({f.filename}:{f.line})" for f in frames)
 
 
 def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:

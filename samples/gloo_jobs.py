@@ -94,14 +94,16 @@ def _diverge(
     store = dist.distributed_c10d._get_default_store()
     others = [f"dumped_{r}" for r in range(dist.get_world_size()) if r != odd_rank]
     if rank == odd_rank:
-        store.wait(others)
+        store.wait(others, timedelta(seconds=120))
         odd()
     else:
         normal()
     g["dump"]()
     store.set(f"dumped_{rank}", "1")
     if rank != odd_rank:
-        _try(lambda: store.wait([f"dumped_{odd_rank}"]))  # the store's host may be aborted by then
+        _try(
+            lambda: store.wait([f"dumped_{odd_rank}"], timedelta(seconds=120))
+        )  # the store's host may be aborted by then
 
 
 def size_mismatch(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:

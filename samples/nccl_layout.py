@@ -336,7 +336,7 @@ def _train_steps(job: Job, steps: int, *, tp: list[str], dp: list[str]) -> None:
         for g in tp:
             job.collective("all_reduce", g, numel=4096)
         for g in dp:
-            job.collective("reduce_scatter_tensor", g, numel=8192, dtype="BFloat16")
+            job.collective("_reduce_scatter_base", g, numel=8192, dtype="BFloat16")
         job.collective("all_reduce", "0", numel=1)
 
 

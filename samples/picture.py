@@ -9,6 +9,7 @@ group tracks), slices as boxes, markers as diamonds, flows as lines between slic
 from __future__ import annotations
 
 import html
+import itertools
 import sys
 import zlib
 from collections import defaultdict
@@ -62,8 +63,11 @@ def draw(trace_path: str) -> str:
     def x(t: int) -> float:
         return LABEL + (t - t0) * scale
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{ROW * (len(rows) + 2)}" '
-           'font-family="sans-serif" font-size="11">', f'<rect width="100%" height="100%" fill="white"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{ROW * (len(rows) + 2)}" '
+        'font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+    ]
     ends: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for row, uuid in enumerate(rows, start=1):
         y = row * ROW
@@ -74,19 +78,30 @@ def draw(trace_path: str) -> str:
         out.append(f'<line x1="{LABEL}" y1="{y + ROW}" x2="{WIDTH}" y2="{y + ROW}" stroke="#eee"/>')
         for start, end, sname, flows in slices[uuid]:
             w = max(x(end) - x(start), 1.5)
-            out.append(f'<rect x="{x(start):.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
-                       f'fill="{_colour(sname)}"><title>{html.escape(sname)}</title></rect>')
+            out.append(
+                f'<rect x="{x(start):.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
+                f'fill="{_colour(sname)}"><title>{html.escape(sname)}</title></rect>'
+            )
             if w > 60:
-                out.append(f'<text x="{x(start) + 3:.1f}" y="{y + 15}" font-size="10">{html.escape(sname[:int(w / 6)])}</text>')
+                out.append(
+                    f'<text x="{x(start) + 3:.1f}" y="{y + 15}" font-size="10">'
+                    f"{html.escape(sname[: int(w / 6)])}</text>"
+                )
             for flow in flows:
                 ends[flow].append((x(start), y + ROW / 2))
         for t, iname in instants[uuid]:
             cx, cy = x(t), y + ROW / 2
-            out.append(f'<path d="M{cx:.1f},{cy - 7} l7,7 l-7,7 l-7,-7 z" fill="#d9534f"><title>{html.escape(iname)}</title></path>')
+            out.append(
+                f'<path d="M{cx:.1f},{cy - 7} l7,7 l-7,7 l-7,-7 z" fill="#d9534f">'
+                f"<title>{html.escape(iname)}</title></path>"
+            )
     for points in ends.values():
         points.sort()
-        for (ax, ay), (bx, by) in zip(points, points[1:]):
-            out.append(f'<line x1="{ax:.1f}" y1="{ay:.1f}" x2="{bx:.1f}" y2="{by:.1f}" stroke="#555" stroke-width="0.6" opacity="0.6"/>')
+        for (ax, ay), (bx, by) in itertools.pairwise(points):
+            out.append(
+                f'<line x1="{ax:.1f}" y1="{ay:.1f}" x2="{bx:.1f}" y2="{by:.1f}" '
+                'stroke="#555" stroke-width="0.6" opacity="0.6"/>'
+            )
     out.append("</svg>")
     return "\n".join(out)
 

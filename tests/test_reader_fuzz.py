@@ -42,7 +42,7 @@ def _read(data: bytes) -> None:
     match_ops(build_job({dump.rank: dump}))
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=10_000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     which=st.integers(0, len(REAL) - 1),
     cut=st.integers(0, 10_000),
@@ -72,7 +72,7 @@ DECODED = [pickle.loads(REAL_PICKLE), json.loads(REAL_JSON), pickle.loads(NCCL_P
 PATHS = [_paths(d) for d in DECODED]
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=10_000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     which=st.integers(0, len(DECODED) - 1),
     edits=st.lists(st.tuples(st.integers(0, 10**6), st.booleans(), WEIRD_VALUES), min_size=1, max_size=5),
