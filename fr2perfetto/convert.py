@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .diagnose import Diagnosis, diagnose
+from .fold import View
 from .job import Job
 from .match import match_ops
 from .model import OK, MatchedOp
@@ -28,8 +29,8 @@ def analyse(job: Job) -> Analysis:
     return Analysis(job, ops, diagnose(job, ops))
 
 
-def write_trace(analysis: Analysis, path: str) -> TraceStats:
-    """Write the Perfetto trace of an analysed job to ``path`` (atomically)."""
+def write_trace(analysis: Analysis, path: str, view: View | None = None) -> TraceStats:
+    """Write the Perfetto trace of an analysed job to ``path`` (atomically), showing ``view``."""
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
     finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span)
@@ -43,7 +44,7 @@ def write_trace(analysis: Analysis, path: str) -> TraceStats:
             writer.track(track)
         for track in finding_tracks:
             writer.slices(track.uuid, track.slices)
-        for timeline in rank_timelines(job, ops, span, highlights):
+        for timeline in rank_timelines(job, ops, span, highlights, view):
             for track in timeline.tracks:
                 writer.track(track)
             for track in timeline.tracks:

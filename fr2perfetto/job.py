@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from .files import expand_inputs
-from .model import Group, LoadProblem, RankDump
+from .model import Group, LoadProblem, RankDump, ranks_label
 from .reader import DumpError, read_dump
 
 
@@ -26,14 +26,18 @@ class Job:
     # (rank, group name) -> the group that name means on that rank.
     group_of: dict[tuple[int, str], Group]
     problems: list[LoadProblem] = field(default_factory=list)
+    _by_rank: dict[int, list[Group]] | None = None
+    _ranks: list[int] | None = None
 
     @property
     def ranks(self) -> list[int]:
         """Every rank known: those with a dump and every member of a group."""
-        known = set(self.dumps)
-        for group in self.groups:
-            known.update(group.members)
-        return sorted(known)
+        if self._ranks is None:
+            known = set(self.dumps)
+            for group in self.groups:
+                known.update(group.members)
+            self._ranks = sorted(known)
+        return self._ranks
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -41,7 +45,13 @@ class Job:
         return [r for r in self.ranks if r not in self.dumps]
 
     def groups_of_rank(self, rank: int) -> list[Group]:
-        return [g for g in self.groups if rank in g.members]
+        """The groups ``rank`` is a member of, in the job's group order."""
+        if self._by_rank is None:
+            self._by_rank = {}
+            for group in self.groups:
+                for member in group.members:
+                    self._by_rank.setdefault(member, []).append(group)
+        return self._by_rank.get(rank, [])
 
 
 def _read_one(path: str) -> RankDump | LoadProblem:
@@ -126,6 +136,8 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
                 if config.desc:
                     config_desc.setdefault(name, config.desc)
 
+    from_entries = {name: tuple(sorted(ranks)) for name, ranks in used.items()}
+
     def members_for(rank: int, name: str) -> tuple[int, ...]:
         own = dumps[rank].pg_config.get(name) if rank in dumps else None
         if own and own.ranks and rank in own.ranks:
@@ -133,7 +145,7 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
         for ranks in sorted(configured.get(name, ())):
             if rank in ranks:
                 return ranks
-        return tuple(sorted(used[name]))
+        return from_entries[name]
 
     keyed: dict[tuple[str, tuple[int, ...]], None] = {}
     membership: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -154,7 +166,7 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
     for order, key in enumerate(sorted(keyed, key=sort_key)):
         name, members = key
         desc = descs[name].most_common(1)[0][0] if descs[name] else config_desc.get(name, "")
-        groups[key] = Group(name=name, desc=desc, members=members, order=order)
+        groups[key] = Group(name=name, desc=desc, members=members, order=order, members_label=ranks_label(members))
     group_of: dict[tuple[int, str], Group] = {}
     for (name, members), group in groups.items():
         for rank in members:

@@ -104,14 +104,18 @@ class RankDump:
         return bool(self.entries) and self.entries[0].record_id > 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Group:
-    """A process group of the job, identified by its name plus its member ranks (never by pg_id)."""
+    """A process group of the job, identified by its name plus its member ranks (never by pg_id).
+
+    One object per group of a job, compared by identity: hashing 4096 members per lookup is not free.
+    """
 
     name: str
     desc: str
     members: tuple[int, ...]  # sorted global ranks
     order: int  # position in a stable order shared by every rank
+    members_label: str = ""  # the members as ranges, e.g. ``0-7,16``
 
     @property
     def label(self) -> str:

@@ -72,6 +72,8 @@ def _decode(data: bytes) -> tuple[dict[str, Any], str]:
             raise DumpError(str(error)) from None
         except RecursionError:
             raise DumpError("corrupt pickle: nested too deeply") from None
+        except MemoryError:
+            raise DumpError("corrupt pickle: it asks for far more memory than a dump of its size needs") from None
         except Exception as error:
             raise DumpError(f"truncated or corrupt pickle ({type(error).__name__}: {_short(error)})") from None
         file_format = "pickle"

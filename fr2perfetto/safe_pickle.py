@@ -3,12 +3,26 @@
 Flight Recorder dumps are protocol-2 pickles of dicts, lists, tuples, strings, numbers, booleans
 and None. Anything that needs a class or a callable (``GLOBAL``, ``STACK_GLOBAL``, ``REDUCE`` of a
 looked-up callable, ``INST``, ``OBJ``, extension codes, persistent ids) is refused before it can run.
+
+A few bytes can also ask the unpickler for gigabytes (a memo index of 2**32 makes it allocate and
+clear a table that large), so on Linux the load runs with a cap on the address space it may add.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import pickle
+from collections.abc import Iterator
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
+BASE_HEADROOM = 512 * 1024 * 1024
+HEADROOM_PER_BYTE = 64  # unpickled dumps take about 10 times their file size
 
 
 class RefusedPickle(pickle.UnpicklingError):
@@ -26,6 +40,39 @@ class PlainDataUnpickler(pickle.Unpickler):
         raise RefusedPickle("refused: the pickle uses a persistent id; a dump holds plain data only")
 
 
+def _address_space() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def memory_headroom(limit: int) -> Iterator[None]:
+    """Let the process grow by at most ``limit`` bytes of address space (Linux); else a no-op."""
+    current = _address_space() if resource is not None else None
+    if current is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    wanted = current + limit
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft <= wanted:
+        yield  # an existing, tighter cap stays
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def loads_plain(data: bytes) -> object:
-    """Unpickle ``data`` if it holds plain data only; raise ``pickle.UnpicklingError`` otherwise."""
-    return PlainDataUnpickler(io.BytesIO(data)).load()
+    """Unpickle ``data`` if it holds plain data only; raise ``pickle.UnpicklingError`` otherwise.
+
+    ``MemoryError`` means the pickle asked for far more memory than a dump of its size needs.
+    """
+    with memory_headroom(BASE_HEADROOM + HEADROOM_PER_BYTE * len(data)):
+        return PlainDataUnpickler(io.BytesIO(data)).load()

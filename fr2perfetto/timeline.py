@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
+from .fold import View, full_view
 from .job import Job
 from .match import tracks_completion
 from .model import (
@@ -108,14 +109,22 @@ def rank_uuid(rank: int) -> int:
     return (rank + 1) << 32
 
 
-def ops_by_rank(ops: list[MatchedOp]) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
+def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
     """Index ops by the ranks that hold entries for them (or should have: missing ranks)."""
     index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
     for op in ops:
-        for rank, entries in op.entries.items():
-            index.setdefault(rank, []).append((op, entries))
+        if ranks is not None and len(ranks) < len(op.entries):
+            for rank in ranks:
+                entries = op.entries.get(rank)
+                if entries is not None:
+                    index.setdefault(rank, []).append((op, entries))
+        else:
+            for rank, entries in op.entries.items():
+                if ranks is None or rank in ranks:
+                    index.setdefault(rank, []).append((op, entries))
         for rank in op.missing:
-            index.setdefault(rank, []).append((op, []))
+            if ranks is None or rank in ranks:
+                index.setdefault(rank, []).append((op, []))
     return index
 
 
@@ -128,22 +137,35 @@ class Highlights:
 
 
 def rank_timelines(
-    job: Job, ops: list[MatchedOp], span: TimeSpan, highlights: Highlights | None = None, ranks: list[int] | None = None
+    job: Job, ops: list[MatchedOp], span: TimeSpan, highlights: Highlights | None = None, view: View | None = None
 ) -> Iterator[RankTimeline]:
-    """Yield each rank's timeline in rank order, built only when asked for."""
-    index = ops_by_rank(ops)
+    """Yield each shown rank's timeline in rank order, built only when asked for."""
+    view = view or full_view(job)
+    index = ops_by_rank(ops, None if not view.folded else {rep for rep, _ in view.processes})
     highlights = highlights or Highlights()
-    for rank in job.ranks if ranks is None else ranks:
-        yield rank_timeline(job, rank, index.get(rank, []), span, highlights)
+    for rank, stands_for in view.processes:
+        yield rank_timeline(job, rank, index.get(rank, []), span, highlights, stands_for, view)
 
 
 def rank_timeline(
-    job: Job, rank: int, rank_ops: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights
+    job: Job,
+    rank: int,
+    rank_ops: list[tuple[MatchedOp, list[Entry]]],
+    span: TimeSpan,
+    highlights: Highlights,
+    stands_for: tuple[int, ...] = (),
+    view: View | None = None,
 ) -> RankTimeline:
-    """The tracks of one rank: its process, one track per group it belongs to, lanes as needed."""
+    """The tracks of one rank: its process, one track per group it belongs to, lanes as needed.
+
+    A folded process stands for several ranks with the same ops; history before a group's cutoff
+    is one summary slice.
+    """
     dump = job.dumps.get(rank)
     process_uuid = rank_uuid(rank)
     labels = []
+    if len(stands_for) > 1:
+        labels.append(f"stands for {len(stands_for)} ranks: {ranks_label(stands_for)}")
     culprit = highlights.culprits.get(rank)
     if culprit:
         labels.append(f"CULPRIT: {culprit}")
@@ -155,25 +177,42 @@ def rank_timeline(
         labels.append(os.path.basename(dump.path))
     process = Track(
         uuid=process_uuid,
-        name=f"rank {rank}",
+        name=f"rank {rank}" if len(stands_for) <= 1 else f"ranks {ranks_label(stands_for)} ({len(stands_for)})",
         pid=PID_BASE + rank,
         labels=labels,
         description=f"dump {dump.path} (version {dump.version}, {dump.file_format})"
         if dump
         else "this rank left no dump",
     )
-    by_group: dict[Group, list[Slice]] = {g: [] for g in sorted(job.groups_of_rank(rank), key=lambda g: g.order)}
+    shown = view.groups if view is not None else None
+    cutoffs = view.cutoffs if view is not None else {}
+    by_group: dict[Group, list[Slice]] = {g: [] for g in job.groups_of_rank(rank) if shown is None or g in shown}
     per_group_ops: dict[Group, list[tuple[MatchedOp, list[Entry]]]] = {}
+    folded: dict[Group, list[int]] = {}
     for op, entries in rank_ops:
+        if shown is not None and op.group not in shown:
+            continue
+        start = entries[0].time_created_ns if entries else op.first_time_ns
+        if start < cutoffs.get(op.group, -1):
+            folded.setdefault(op.group, []).append(start)
+            continue
         per_group_ops.setdefault(op.group, []).append((op, entries))
         by_group.setdefault(op.group, [])
     for group, items in per_group_ops.items():
         by_group[group] = _group_slices(rank, items, span, highlights.finding_flows)
+    for group, starts in folded.items():
+        summary = Slice(
+            min(starts),
+            max(cutoffs[group], min(starts) + 1),
+            f"… {len(starts)} earlier ops (folded)",
+            [("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")],
+        )
+        by_group.setdefault(group, []).insert(0, summary)
     tracks = [process]
     for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
         group_uuid = process_uuid + len(tracks)
         lanes = assign_lanes(slices)
-        members = ranks_label(group.members)
+        members = group.members_label
         description = f"process group {group.name} ({group.desc or 'no description'}), members {members}"
         tracks.append(
             Track(

@@ -67,6 +67,14 @@ def test_pickle_with_code_is_refused_and_never_runs(tmp_path: Path):
     assert str(path) in stderr and "refused" in stderr and "Traceback" not in stderr
 
 
+def test_pickle_asking_for_gigabytes_is_refused_at_once(tmp_path: Path):
+    # an empty dict, then LONG_BINPUT at index 2**31 - 1: the unpickler would clear a 16 GB memo table
+    path = tmp_path / "rank_0"
+    path.write_bytes(b"\x80\x02}r\xff\xff\xff\x7f.")
+    with pytest.raises(DumpError, match="far more memory"):
+        read_dump(str(path))
+
+
 def _good_dump(tmp_path: Path) -> list[str]:
     return nccl_layout.write_scenario("stuck", str(tmp_path / "good"))
 
