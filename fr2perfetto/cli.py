@@ -16,6 +16,7 @@ from rich.console import Console
 from . import __version__
 from .convert import analyse, write_trace
 from .diagnose import HEALTHY
+from .fold import parse_ranks, plan_view
 from .job import Job, load_job
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
@@ -60,14 +61,43 @@ def _load(inputs: list[str], jobs: int, quiet: bool) -> Job:
 def convert(
     inputs: Inputs,
     output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write.")] = Path("trace.pftrace"),
+    full: Annotated[bool, typer.Option("--full", help="Write every op of every rank, however large.")] = False,
+    ranks: Annotated[
+        str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0-7,85 (never folded).", show_default=False)
+    ] = None,
+    groups: Annotated[
+        str | None, typer.Option("--groups", help="Only these groups, by name or desc, e.g. tp,0.", show_default=False)
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            "--window", min=1, help="Keep the last N ops of each group before its first problem.", show_default=False
+        ),
+    ] = None,
+    max_size_mb: Annotated[
+        float, typer.Option("--max-size", min=0.001, help="Fold the trace to stay under this many MB.")
+    ] = 256,
     jobs: Jobs = 0,
     quiet: Quiet = False,
 ) -> None:
-    """Write one Perfetto trace of every rank: a process per rank, a track per process group."""
+    """Write one Perfetto trace of every rank: a process per rank, a track per process group.
+
+    A job whose trace would pass --max-size is folded: identical ranks share a process and old
+    history is summarised, never what the findings name. --full writes everything.
+    """
+    try:
+        chosen_ranks = parse_ranks(ranks) if ranks is not None else None
+    except ValueError as error:
+        err.print(f"[bold red]error[/]: --ranks: {error}")
+        raise typer.Exit(EXIT_UNUSABLE) from None
     job = _load(inputs, jobs, quiet)
     analysis = analyse(job)
+    view = plan_view(
+        job, analysis.ops, analysis.diagnosis.findings, max_bytes=int(max_size_mb * 1024 * 1024), full=full,
+        ranks=chosen_ranks, groups=set(groups.split(",")) if groups else None, window=window,
+    )  # fmt: skip
     try:
-        stats = write_trace(analysis, str(output))
+        stats = write_trace(analysis, str(output), view)
     except OSError as error:
         err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
@@ -75,11 +105,17 @@ def convert(
         size = os.path.getsize(output)
         verdict = analysis.diagnosis.verdict
         out.print(
-            f"Wrote [bold]{output}[/] ({_human_size(size)}): {len(job.ranks)} ranks, {len(job.groups)} groups, "
-            f"{stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers, "
+            f"Wrote [bold]{output}[/] ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
+            f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers, "
             f"{len(analysis.diagnosis.findings)} findings."
         )
         out.print(f"Verdict: {verdict.summary}")
+        if view.folded:
+            out.print(
+                f"Folded to stay under {max_size_mb:g} MB (everything: about {_human_size(view.full_bytes)}): "
+                + "; ".join(view.notes)
+                + ". Use --full for everything, or --ranks, --groups, --window to choose."
+            )
         out.print("Open it at https://ui.perfetto.dev (Open trace file), or run: fr2perfetto analyze for the details.")
 
 

@@ -11,7 +11,7 @@ from .match import match_ops
 from .model import OK, MatchedOp
 from .output import atomic_output
 from .renderers.perfetto import PerfettoWriter, TraceStats
-from .timeline import findings_tracks, rank_timelines, time_span
+from .timeline import drawn_counts, findings_tracks, ops_by_rank, rank_timelines, time_span
 
 
 @dataclass(slots=True)
@@ -33,7 +33,8 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None) -> Trac
     """Write the Perfetto trace of an analysed job to ``path`` (atomically), showing ``view``."""
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
-    finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span)
+    drawn = drawn_counts(ops_by_rank(ops, {rep for rep, _ in view.processes}), view) if view and view.folded else None
+    finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
     with atomic_output(path) as out:
         writer = PerfettoWriter(out)
         problem_times = [op.first_time_ns for op in ops if op.status != OK]

@@ -134,6 +134,28 @@ class Highlights:
 
     culprits: dict[int, str] = field(default_factory=dict)  # rank -> why it is to blame
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
+    # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
+    drawn: dict[int, tuple[int, int]] | None = None
+
+    def drawn_slices(self, op: MatchedOp) -> int:
+        """How many slices the trace holds for ``op`` (markers aside): an op's flow needs two."""
+        if self.drawn is None:
+            return len(op.entries)
+        return self.drawn.get(op.op_key, (0, 0))[0]
+
+
+def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
+    """Per op key, the (slices, markers) a folded ``view`` draws: one per shown rank that has it."""
+    counts: dict[int, tuple[int, int]] = {}
+    for rank, _ in view.processes:
+        for op, entries in ops_index.get(rank, ()):
+            if view.groups is not None and op.group not in view.groups:
+                continue
+            start = entries[0].time_created_ns if entries else op.first_time_ns
+            if start >= view.cutoffs.get(op.group, -1):
+                slices, markers = counts.get(op.op_key, (0, 0))
+                counts[op.op_key] = (slices + 1, markers) if entries else (slices, markers + 1)
+    return counts
 
 
 def rank_timelines(
@@ -199,7 +221,7 @@ def rank_timeline(
         per_group_ops.setdefault(op.group, []).append((op, entries))
         by_group.setdefault(op.group, [])
     for group, items in per_group_ops.items():
-        by_group[group] = _group_slices(rank, items, span, highlights.finding_flows)
+        by_group[group] = _group_slices(rank, items, span, highlights)
     for group, starts in folded.items():
         summary = Slice(
             min(starts),
@@ -232,7 +254,7 @@ def rank_timeline(
 
 
 def _group_slices(
-    rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, finding_flows: dict[int, list[int]]
+    rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights
 ) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
     items.sort(key=lambda item: item[1][0].time_created_ns if item[1] else item[0].first_time_ns)
@@ -242,16 +264,18 @@ def _group_slices(
     for op, entries in items:
         if not entries:
             slices.append(_never_issued_marker(op, rank))
-            slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
+            slices[-1].flow_ids.extend(highlights.finding_flows.get(op.op_key, ()))
             continue
         next_index += 1
         next_start = starts[next_index] if next_index < len(starts) else None
-        slices.append(_op_slice(op, rank, entries, span, next_start))
-        slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
+        slices.append(_op_slice(op, rank, entries, span, next_start, highlights.drawn_slices(op) > 1))
+        slices[-1].flow_ids.extend(highlights.finding_flows.get(op.op_key, ()))
     return slices
 
 
-def _op_slice(op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, next_start: int | None) -> Slice:
+def _op_slice(
+    op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, next_start: int | None, shared: bool
+) -> Slice:
     head = head_entry(entries)
     last = state_entry(entries)
     start = entries[0].time_created_ns
@@ -270,7 +294,6 @@ def _op_slice(op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, ne
         prefix = PREFIX[op.status]
     if op.status == MISMATCH:
         prefix = f"{prefix}({op.mismatch}) "
-    shared = len(op.entries) > 1
     return Slice(
         start=start,
         end=end,
@@ -281,7 +304,9 @@ def _op_slice(op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, ne
     )
 
 
-def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track], Highlights]:
+def findings_tracks(
+    findings: list[Finding], span: TimeSpan, drawn: dict[int, tuple[int, int]] | None = None
+) -> tuple[list[Track], Highlights]:
     """A ``Findings`` track above all ranks, a slice per finding, and the highlights they imply.
 
     Each finding gets its own child track (they all run to the end of the trace) and a flow to
@@ -289,7 +314,7 @@ def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track
     """
     parent = Track(FINDINGS_UUID, "Findings", order=-1, description="what fr2perfetto analyze found, strongest first")
     tracks = [parent]
-    highlights = Highlights()
+    highlights = Highlights(drawn=drawn)
     for number, finding in enumerate(findings, start=1):
         flow = FINDING_FLOW_BASE + number
         start = max(span.start, (finding.time_ns or span.start) - 1)
@@ -311,9 +336,10 @@ def findings_tracks(findings: list[Finding], span: TimeSpan) -> tuple[list[Track
         if finding.culprit_frames:
             args.append(("culprit_stack", stack_strings(finding.culprit_frames)))
         item = Slice(start, span.end, f"{finding.kind}: {finding.summary}", args)
-        if finding.op_keys:
+        shown_keys = [k for k in finding.op_keys if drawn is None or drawn.get(k)]
+        if shown_keys:
             item.flow_ids.append(flow)
-            for key in finding.op_keys:
+            for key in shown_keys:
                 highlights.finding_flows.setdefault(key, []).append(flow)
         tracks.append(
             Track(
