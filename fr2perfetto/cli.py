@@ -106,7 +106,8 @@ def convert(
         verdict = analysis.diagnosis.verdict
         out.print(
             f"Wrote [bold]{output}[/] ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
-            f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, {stats.markers} markers, "
+            f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, "
+            f"{stats.markers} markers, "
             f"{len(analysis.diagnosis.findings)} findings."
         )
         out.print(f"Verdict: {verdict.summary}")

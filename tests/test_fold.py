@@ -31,7 +31,7 @@ def test_identical_ranks_fold_and_the_culprit_never_does(nccl_job, tmp_path: Pat
     assert folded.process_labels["ranks 6-7 (2)"][0] == "stands for 2 ranks: 6-7"
     # every rank is accounted for exactly once by the labels
     counted = []
-    for name, labels in folded.process_labels.items():
+    for labels in folded.process_labels.values():
         stands = [label for label in labels if label.startswith("stands for ")]
         counted.append(int(stands[0].split()[2]) if stands else 1)
     assert sum(counted) == 8 and len(folded.processes) < 8
