@@ -70,7 +70,9 @@ def rank_dump(rank: int, world: int, entries: int) -> dict[str, Any]:
             )
             started = created + 40_000
             completed = None if last else started + 500_000
-            size = [[4096]] if name == "1" else [[8192]] if desc == "dp" else [[1]]
+            # reduce_scatter: each rank's input holds one output's worth per member
+            size = [[4096]] if desc == "tp" else [[8192]] if desc == "dp" else [[1]]
+            in_size = [[8192 * len(groups[2][2])]] if desc == "dp" else size
             entry = {
                 "frames": frames, "record_id": len(ops), "pg_id": [g[0] for g in groups].index(name),
                 "process_group": (name, desc), "thread_name": "pt_main_thread",
@@ -81,7 +83,7 @@ def rank_dump(rank: int, world: int, entries: int) -> dict[str, Any]:
             if completed:
                 entry["duration_ms"] = 0.5
             entry.update({
-                "input_sizes": size, "input_dtypes": ["BFloat16"], "output_sizes": size, "output_dtypes": ["BFloat16"],
+                "input_sizes": in_size, "input_dtypes": ["BFloat16"], "output_sizes": size, "output_dtypes": ["BFloat16"],
                 "state": "completed" if completed else "started", "time_discovered_started_ns": started,
                 "time_discovered_completed_ns": completed, "retired": completed is not None, "timeout_ms": 600_000,
                 "is_p2p": False,

@@ -7,6 +7,7 @@ Plain dataclasses with slots. A reader turns each file into a ``RankDump``; the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # States as PyTorch's writer spells them.
 SCHEDULED = "scheduled"
@@ -14,9 +15,8 @@ STARTED = "started"
 COMPLETED = "completed"
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One Python stack frame of the code that issued an op."""
+class Frame(NamedTuple):
+    """One Python stack frame of the code that issued an op (a tuple: stacks are hashed often)."""
 
     name: str
     filename: str

@@ -31,7 +31,18 @@ from .model import (
     state_entry,
 )
 
-ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...]]  # noqa: UP007 - a recursive alias needs Union
+
+class ArgBlock:
+    """Args that many slices share (most ranks of one op), built once and encoded once by a writer."""
+
+    __slots__ = ("encoded", "items")
+
+    def __init__(self, items: tuple[tuple[str, ArgValue], ...]) -> None:
+        self.items = items
+        self.encoded: bytes | None = None  # set by the Perfetto writer on first use
+
+
+ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...], ArgBlock]  # noqa: UP007 - a recursive alias
 
 # Name prefixes that make a problem stand out in the timeline (and in a search box).
 PREFIX = {
@@ -136,6 +147,8 @@ class Highlights:
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
+    # arg blocks already built, by op and the facts of a rank's entry that go into them
+    arg_blocks: dict[tuple[object, ...], ArgBlock] = field(default_factory=dict)
 
     def drawn_slices(self, op: MatchedOp) -> int:
         """How many slices the trace holds for ``op`` (markers aside): an op's flow needs two."""
@@ -268,13 +281,19 @@ def _group_slices(
             continue
         next_index += 1
         next_start = starts[next_index] if next_index < len(starts) else None
-        slices.append(_op_slice(op, rank, entries, span, next_start, highlights.drawn_slices(op) > 1))
+        slices.append(_op_slice(op, rank, entries, span, next_start, highlights.drawn_slices(op) > 1, highlights))
         slices[-1].flow_ids.extend(highlights.finding_flows.get(op.op_key, ()))
     return slices
 
 
 def _op_slice(
-    op: MatchedOp, rank: int, entries: list[Entry], span: TimeSpan, next_start: int | None, shared: bool
+    op: MatchedOp,
+    rank: int,
+    entries: list[Entry],
+    span: TimeSpan,
+    next_start: int | None,
+    shared: bool,
+    highlights: Highlights,
 ) -> Slice:
     head = head_entry(entries)
     last = state_entry(entries)
@@ -298,7 +317,7 @@ def _op_slice(
         start=start,
         end=end,
         name=prefix + (op.title_as(head.op) if op.kind == "p2p" else op.title),
-        args=op_args(op, rank, entries, head, last),
+        args=op_args(op, rank, entries, head, last, highlights.arg_blocks),
         flow_ids=[op.op_key] if shared else [],
         correlation_id=op.op_key if shared else None,
     )
@@ -367,16 +386,51 @@ def _never_issued_marker(op: MatchedOp, rank: int) -> Slice:
     )
 
 
-def op_args(op: MatchedOp, rank: int, entries: list[Entry], head: Entry, last: Entry) -> list[tuple[str, ArgValue]]:
-    """Every fact the dump gives about this rank's part in the op, as named values."""
-    args: list[tuple[str, ArgValue]] = [
+def op_args(
+    op: MatchedOp,
+    rank: int,
+    entries: list[Entry],
+    head: Entry,
+    last: Entry,
+    blocks: dict[tuple[object, ...], ArgBlock] | None = None,
+) -> list[tuple[str, ArgValue]]:
+    """Every fact the dump gives about this rank's part in the op, as named values.
+
+    The first item is ("", block): the facts most ranks of the op share (status, group, op, sizes,
+    dtypes, state, stack...) as one ``ArgBlock``, built once per distinct set of facts.
+    """
+    own: list[tuple[str, ArgValue]] = [
+        ("op_id", head.op_id),
+        ("record_id", head.record_id),
+        ("time_created_ns", head.time_created_ns),
+    ]
+    gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
+    if not gloo:
+        own.append(("time_started_ns", last.time_started_ns if last.time_started_ns else "unknown"))
+        own.append(("time_completed_ns", last.time_completed_ns if last.time_completed_ns else "unknown"))
+        own.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
+    if head.thread_name or head.thread_id:
+        own.append(("thread", f"{head.thread_name} ({head.thread_id})"))
+    key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes, head.output_sizes,
+           head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms, head.frames, gloo,
+           len(entries), head.closed_by is not None)  # fmt: skip
+    block = blocks.get(key) if blocks is not None else None
+    if block is None:
+        block = ArgBlock(tuple(_shared_args(op, entries, head, last, gloo)))
+        if blocks is not None:
+            blocks[key] = block
+    return [("", block), *own]
+
+
+def _shared_args(
+    op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, gloo: bool
+) -> list[tuple[str, ArgValue]]:
+    shared: list[tuple[str, ArgValue]] = [
         ("status", op.status),
         ("group", op.group.name),  # its members are in the track's description
         ("group_desc", op.group.desc),
         ("collective_seq_id", head.collective_seq),
         ("p2p_seq_id", head.p2p_seq),
-        ("op_id", head.op_id),
-        ("record_id", head.record_id),
         ("profiling_name", head.profiling_name),
         ("input_sizes", sizes_text(head.input_sizes)),
         ("output_sizes", sizes_text(head.output_sizes)),
@@ -385,31 +439,24 @@ def op_args(op: MatchedOp, rank: int, entries: list[Entry], head: Entry, last: E
         ("state", last.state),
         ("retired", last.retired),
         ("timeout_ms", last.timeout_ms if last.timeout_ms is not None else "unknown"),
-        ("time_created_ns", head.time_created_ns),
     ]
-    if last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None:
-        args.append(("timing", GLOO_TIMING))
-    else:
-        args.append(("time_started_ns", last.time_started_ns if last.time_started_ns else "unknown"))
-        args.append(("time_completed_ns", last.time_completed_ns if last.time_completed_ns else "unknown"))
-        args.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
+    if gloo:
+        shared.append(("timing", GLOO_TIMING))
     if op.peers:
-        args.append(("peers", f"{op.peers[0]}->{op.peers[1]}"))
+        shared.append(("peers", f"{op.peers[0]}->{op.peers[1]}"))
     if len(entries) > 1 or head.closed_by is not None:
         inner = [e.profiling_name for e in entries if not e.is_coalesced_end]
-        args.append(("coalesced_ops", ", ".join(inner) or head.profiling_name))
+        shared.append(("coalesced_ops", ", ".join(inner) or head.profiling_name))
     if op.missing:
-        args.append(("missing_ranks", ranks_label(op.missing)))
+        shared.append(("missing_ranks", ranks_label(op.missing)))
     if op.unknown:
-        args.append(("unknown_ranks", ranks_label(op.unknown)))
+        shared.append(("unknown_ranks", ranks_label(op.unknown)))
     if op.mismatch:
-        args.append(("mismatch", op.mismatch))
-        args.append(("mismatch_ranks", ranks_label(op.mismatch_ranks) or "undecided"))
-    if head.thread_name or head.thread_id:
-        args.append(("thread", f"{head.thread_name} ({head.thread_id})"))
+        shared.append(("mismatch", op.mismatch))
+        shared.append(("mismatch_ranks", ranks_label(op.mismatch_ranks) or "undecided"))
     if head.frames:
-        args.append(("stack", stack_strings(head.frames)))
-    return args
+        shared.append(("stack", stack_strings(head.frames)))
+    return shared
 
 
 @functools.lru_cache(maxsize=65536)
@@ -439,3 +486,14 @@ def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
             lanes.append([s])
             lane_ends.append(end)
     return lanes
+
+
+def flat_args(args: list[tuple[str, ArgValue]]) -> list[tuple[str, ArgValue]]:
+    """Args with shared blocks (``("", block)``) expanded in place."""
+    out: list[tuple[str, ArgValue]] = []
+    for name, value in args:
+        if isinstance(value, ArgBlock):
+            out.extend(value.items)
+        else:
+            out.append((name, value))
+    return out

@@ -13,7 +13,7 @@ from typing import IO
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ..timeline import ArgValue, Slice, Track
+from ..timeline import ArgBlock, ArgValue, Slice, Track
 from .wire import Field, varint
 
 SEQUENCE_ID = 1
@@ -76,8 +76,8 @@ class PerfettoWriter:
         self._event_names: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
         self._strings: dict[str, int] = {}
-        # (arg name, value) -> encoded DebugAnnotation, for values that repeat (strings, lists)
-        self._encoded: dict[tuple[str, object], bytes] = {}
+        # (arg name, value), or a block of them -> encoded DebugAnnotations, for what repeats
+        self._encoded: dict[object, bytes] = {}
         self._new_interned: list[bytes] = []
         self.stats = TraceStats()
         first = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID)
@@ -157,8 +157,12 @@ class PerfettoWriter:
             parts = [_INSTANT if item.end is None else _BEGIN, track,
                      _NAME_IID.int(self._iid(self._event_names, item.name, _EVENT_NAMES, _NAME))]  # fmt: skip
             for name, value in item.args:
+                if isinstance(value, ArgBlock):  # args that many slices share: encoded once for all
+                    if value.encoded is None:
+                        value.encoded = b"".join(self._annotation(n, v) for n, v in value.items)
+                    parts.append(value.encoded)
                 # Strings, stacks and small numbers (seq ids, sizes) repeat across ranks: encode once.
-                if isinstance(value, (str, tuple)) or (type(value) is int and 0 <= value < 1 << 32):
+                elif isinstance(value, (str, tuple)) or (type(value) is int and 0 <= value < 1 << 32):
                     key = (name, value)
                     chunk = encoded.get(key)
                     if chunk is None:

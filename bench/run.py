@@ -1,0 +1,111 @@
+"""``make bench``: time fr2perfetto against merely unpickling the dumps, and against PyTorch's analyzer.
+
+For each size (ranks x entries) it generates NCCL-layout dumps once (``bench/generate.py``, cached
+under ``bench-data/``), then runs each stage as a whole process, in one run, and measures wall time and
+peak memory (resident memory of the process and all its children, sampled every 20 ms):
+
+- ``unpickle``: ``pickle.load`` of every file, nothing else (the floor);
+- ``analyze``: ``fr2perfetto analyze DIR --json``;
+- ``convert``: ``fr2perfetto convert DIR -o trace.pftrace`` (folded by default beyond 256 MB);
+- ``pytorch``: ``python -m torch.distributed.flight_recorder.fr_trace DIR``, where it fits (by default
+  up to 256 ranks: at 1024 it needs minutes and gigabytes).
+
+    python bench/run.py [--sizes 64,256,1024] [--entries 2000] [--pytorch-max-ranks 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from generate import generate  # noqa: E402
+
+BIN = Path(sys.executable).parent
+UNPICKLE = "import pickle, glob, sys\nfor f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            pid, ppid = int(entry), int(fields[1])
+            rss[pid] = int(fields[21]) * page
+            children.setdefault(ppid, []).append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
+    """Run ``command``; return (wall seconds, peak tree RSS in bytes, exit code)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _tree_rss(process.pid))
+        if time.perf_counter() - start > timeout:
+            process.kill()
+            process.wait()
+            return float("inf"), peak, -9
+        time.sleep(0.02)
+    return time.perf_counter() - start, peak, process.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64,256,1024", help="rank counts, comma-separated (4096 is opt-in)")
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--pytorch-max-ranks", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--data", default=str(ROOT / "bench-data"))
+    args = parser.parse_args()
+
+    rows = []
+    print(f"{'ranks':>6} {'stage':<9} {'wall s':>8} {'peak MB':>8} {'trace MB':>9} {'x floor':>8} {'PyTorch/x':>10}")
+    for ranks in [int(x) for x in args.sizes.split(",") if x]:
+        folder = Path(args.data) / f"{ranks}x{args.entries}"
+        if not (folder / f"nccl_trace_rank_{ranks - 1}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            generate(str(folder), ranks, args.entries)
+        trace = Path(args.data) / f"{ranks}x{args.entries}.pftrace"
+        stages = {
+            "unpickle": [sys.executable, "-c", UNPICKLE, str(folder)],
+            "analyze": [str(BIN / "fr2perfetto"), "analyze", str(folder), "--json"],
+            "convert": [str(BIN / "fr2perfetto"), "convert", str(folder), "-o", str(trace), "-q"],
+        }
+        if ranks <= args.pytorch_max_ranks:
+            stages["pytorch"] = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)]
+        results = {name: measure(command, args.timeout) for name, command in stages.items()}
+        floor = results["unpickle"][0]
+        pytorch = results.get("pytorch", (None,))[0]
+        for name, (wall, peak, code) in results.items():
+            size = f"{trace.stat().st_size / 2**20:9.1f}" if name == "convert" and trace.exists() else f"{'':9}"
+            vs = f"{pytorch / wall:10.1f}" if pytorch and name in ("analyze", "convert") else f"{'':10}"
+            status = "" if code in (0, 1) else f"  (exit {code})"
+            print(f"{ranks:>6} {name:<9} {wall:8.2f} {peak / 2**20:8.0f} {size} {wall / floor:8.2f} {vs}{status}")
+            rows.append((ranks, name, wall, peak))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
