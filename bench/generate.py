@@ -83,7 +83,8 @@ def rank_dump(rank: int, world: int, entries: int) -> dict[str, Any]:
             if completed:
                 entry["duration_ms"] = 0.5
             entry.update({
-                "input_sizes": in_size, "input_dtypes": ["BFloat16"], "output_sizes": size, "output_dtypes": ["BFloat16"],
+                "input_sizes": in_size, "input_dtypes": ["BFloat16"],
+                "output_sizes": size, "output_dtypes": ["BFloat16"],
                 "state": "completed" if completed else "started", "time_discovered_started_ns": started,
                 "time_discovered_completed_ns": completed, "retired": completed is not None, "timeout_ms": 600_000,
                 "is_p2p": False,
