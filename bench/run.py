@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,9 +58,10 @@ def _tree_rss(root: int) -> int:
 
 
 def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
-    """Run ``command``; return (wall seconds, peak tree RSS in bytes, exit code)."""
+    """Run ``command``; return (wall seconds, peak tree RSS in bytes, exit code; -1 if it crashed)."""
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    errors = tempfile.TemporaryFile()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
     peak = 0
     while process.poll() is None:
         peak = max(peak, _tree_rss(process.pid))
@@ -68,7 +70,13 @@ def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
             process.wait()
             return float("inf"), peak, -9
         time.sleep(0.02)
-    return time.perf_counter() - start, peak, process.returncode
+    wall = time.perf_counter() - start
+    errors.seek(0)
+    text = errors.read().decode(errors="replace")
+    if "Traceback" in text and "flight_recorder" not in command[-2]:
+        print(text.strip().splitlines()[-1], file=sys.stderr)
+        return wall, peak, -1
+    return wall, peak, process.returncode
 
 
 def main() -> None:

@@ -7,19 +7,26 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
 from . import __version__
 from .convert import analyse, write_trace
 from .diagnose import HEALTHY
 from .fold import parse_ranks, plan_view
 from .job import Job, load_job
+from .model import ranks_label
+from .redact import redact_job
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
+from .serve import UI_PORT, serve_once
+from .trigger import trigger_dumps
 
 app = typer.Typer(
     name="fr2perfetto",
@@ -38,11 +45,26 @@ Inputs = Annotated[
 ]
 Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that read dumps in parallel (default: all cores).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors (and the report with --json).")]
+Redact = Annotated[
+    bool, typer.Option("--redact", help="Replace hostnames and directories with placeholders, to share publicly.")
+]
 
 
-def _load(inputs: list[str], jobs: int, quiet: bool) -> Job:
+def _load(inputs: list[str], jobs: int, quiet: bool, redact: bool = False) -> Job:
     """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
-    job = load_job(inputs, jobs=jobs or (os.cpu_count() or 1))
+    workers = jobs or (os.cpu_count() or 1)
+    if quiet or not err.is_terminal:
+        job = load_job(inputs, jobs=workers)
+    else:
+        with Progress(
+            TextColumn("reading dumps"), BarColumn(), MofNCompleteColumn(), console=err, transient=True
+        ) as bar:
+            task = bar.add_task("read", total=None)
+            job = load_job(
+                inputs, jobs=workers, progress=lambda done, total: bar.update(task, completed=done, total=total)
+            )
+    if redact:
+        redact_job(job)
     for problem in job.problems:
         if quiet and not problem.fatal:
             continue
@@ -77,6 +99,8 @@ def convert(
     max_size_mb: Annotated[
         float, typer.Option("--max-size", min=0.001, help="Fold the trace to stay under this many MB.")
     ] = 256,
+    open_ui: Annotated[bool, typer.Option("--open", help="Open the trace in ui.perfetto.dev when written.")] = False,
+    redact: Redact = False,
     jobs: Jobs = 0,
     quiet: Quiet = False,
 ) -> None:
@@ -90,7 +114,7 @@ def convert(
     except ValueError as error:
         err.print(f"[bold red]error[/]: --ranks: {error}")
         raise typer.Exit(EXIT_UNUSABLE) from None
-    job = _load(inputs, jobs, quiet)
+    job = _load(inputs, jobs, quiet, redact)
     analysis = analyse(job)
     view = plan_view(
         job, analysis.ops, analysis.diagnosis.findings, max_bytes=int(max_size_mb * 1024 * 1024), full=full,
@@ -117,7 +141,92 @@ def convert(
                 + "; ".join(view.notes)
                 + ". Use --full for everything, or --ranks, --groups, --window to choose."
             )
-        out.print("Open it at https://ui.perfetto.dev (Open trace file), or run: fr2perfetto analyze for the details.")
+        if not open_ui:
+            out.print(f"Open it: fr2perfetto open {output}  (or drop it on https://ui.perfetto.dev)")
+    if open_ui:
+        _open(str(output), quiet)
+
+
+def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
+    def announce(link: str, opened: bool) -> None:
+        if opened and not quiet:
+            out.print(f"Opening the trace in your browser; serving it once from 127.0.0.1:{port} (Ctrl-C stops).")
+        elif not opened:
+            out.print(f"Open this link in a browser on this machine (Ctrl-C stops):\n{link}", soft_wrap=True)
+
+    try:
+        fetched = serve_once(path, port=port, announce=announce)
+    except OSError as error:
+        err.print(f"[bold red]error[/]: cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
+        raise typer.Exit(EXIT_UNUSABLE) from None
+    if not quiet:
+        out.print("The UI fetched the trace; server stopped." if fetched else "Stopped.")
+
+
+@app.command("open", epilog="Example:\n\n  fr2perfetto open crash.pftrace")
+def open_command(
+    trace: Annotated[Path, typer.Argument(help="A trace written by fr2perfetto convert.", show_default=False)],
+    quiet: Quiet = False,
+) -> None:
+    """Open a trace in ui.perfetto.dev: serve it once from 127.0.0.1 and open the browser at it."""
+    if not trace.is_file():
+        err.print(f"[bold red]error[/]: {trace}: no such file")
+        raise typer.Exit(EXIT_UNUSABLE)
+    _open(str(trace), quiet)
+
+
+@app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
+def info(inputs: Inputs, jobs: Jobs = 0) -> None:
+    """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges."""
+    job = _load(inputs, jobs, True)
+    ranks = Table(title=f"{len(job.dumps)} dumps, {len(job.ranks)} ranks", title_justify="left")
+    for column in ("rank", "host", "file", "version", "format", "backend", "entries", "first op", "last op"):
+        ranks.add_column(column, justify="right" if column in ("rank", "entries") else "left")
+    for rank in job.ranks:
+        dump = job.dumps.get(rank)
+        if dump is None:
+            ranks.add_row(str(rank), "", "[red]no dump[/]", "", "", "", "", "", "")
+            continue
+        backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
+        times = [e.time_created_ns for e in dump.entries]
+        first, last = (_clock(min(times)), _clock(max(times))) if times else ("", "")
+        ranks.add_row(
+            str(rank), dump.host or "", os.path.basename(dump.path), dump.version, dump.file_format, backends,
+            str(len(dump.entries)), first, last,
+        )  # fmt: skip
+    out.print(ranks)
+    groups = Table(title=f"{len(job.groups)} process groups", title_justify="left")
+    for column in ("group", "desc", "size", "members", "ranks with a dump"):
+        groups.add_column(column)
+    for group in job.groups:
+        dumped = sum(1 for r in group.members if r in job.dumps)
+        groups.add_row(
+            group.name, group.desc, str(len(group.members)), group.members_label, f"{dumped}/{len(group.members)}"
+        )
+    out.print(groups)
+    missing = job.missing_ranks
+    out.print(f"Missing dumps: {'ranks ' + ranks_label(missing) if missing else 'none'}")
+
+
+def _clock(ns: int) -> str:
+    """Wall-clock time of a timestamp, UTC, to the microsecond."""
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+@app.command(epilog="Example:\n\n  fr2perfetto trigger /tmp/fr_dumps")
+def trigger(
+    folder: Annotated[
+        Path, typer.Argument(help="The folder given to fr2perfetto.capture.configure.", show_default=False)
+    ],
+) -> None:
+    """Ask running NCCL ranks to dump now, through the debug pipes PyTorch made in FOLDER."""
+    written = trigger_dumps(str(folder))
+    if not written:
+        err.print(
+            f"[bold red]error[/]: {folder}: no rank's debug pipe is open there (is the job running with capture?)"
+        )
+        raise typer.Exit(EXIT_UNUSABLE)
+    out.print(f"Asked {len(written)} ranks to dump into {folder}.")
 
 
 @app.command(
@@ -129,11 +238,12 @@ def analyze(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON (schema: proto/) and nothing else.")
     ] = False,
+    redact: Redact = False,
     jobs: Jobs = 0,
     quiet: Quiet = False,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
-    job = _load(inputs, jobs, quiet or as_json)
+    job = _load(inputs, jobs, quiet or as_json, redact)
     analysis = analyse(job)
     diagnosis = analysis.diagnosis
     if as_json:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from .diagnose import Diagnosis, diagnose
 from .fold import View
@@ -10,6 +14,7 @@ from .job import Job
 from .match import match_ops
 from .model import OK, MatchedOp
 from .output import atomic_output
+from .renderers.chrome_json import ChromeJsonWriter
 from .renderers.perfetto import PerfettoWriter, TraceStats
 from .timeline import drawn_counts, findings_tracks, ops_by_rank, rank_timelines, time_span
 
@@ -35,8 +40,8 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None) -> Trac
     span = time_span(job)
     drawn = drawn_counts(ops_by_rank(ops, {rep for rep, _ in view.processes}), view) if view and view.folded else None
     finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
-    with atomic_output(path) as out:
-        writer = PerfettoWriter(out)
+    with atomic_output(path) as raw, _maybe_gzip(raw, path) as out:
+        writer = ChromeJsonWriter(out) if output_format(path) == "json" else PerfettoWriter(out)
         problem_times = [op.first_time_ns for op in ops if op.status != OK]
         if problem_times:
             # Open the UI on the last tenth of the job before the first problem.
@@ -50,4 +55,20 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None) -> Trac
                 writer.track(track)
             for track in timeline.tracks:
                 writer.slices(track.uuid, track.slices)
+        writer.finish()
     return writer.stats
+
+
+def output_format(path: str) -> str:
+    """``json`` for ``.json`` and ``.json.gz`` (Chrome's format), else ``perfetto``."""
+    name = path.lower().removesuffix(".gz")
+    return "json" if name.endswith(".json") else "perfetto"
+
+
+@contextlib.contextmanager
+def _maybe_gzip(out: IO[bytes], path: str) -> Iterator[IO[bytes]]:
+    if not path.lower().endswith(".gz"):
+        yield out
+        return
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6, mtime=0) as compressed:
+        yield compressed  # type: ignore[misc]

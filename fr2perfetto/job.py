@@ -81,12 +81,23 @@ def read_files(
             yield result
 
 
-def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int], None] | None = None) -> Job:
-    """Read all dumps named by ``inputs`` (directories, files, globs) into a ``Job``."""
+def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> Job:
+    """Read all dumps named by ``inputs`` (directories, files, globs) into a ``Job``.
+
+    ``progress(done, total)`` is called as files are read.
+    """
     paths, unmatched = expand_inputs(inputs)
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress:
+            progress(done, len(paths))
+
     problems = [LoadProblem(item, "no such file or directory, or no dump in it") for item in unmatched]
     dumps: dict[int, RankDump] = {}
-    for result in read_files(paths, jobs if jobs is not None else (os.cpu_count() or 1), progress):
+    for result in read_files(paths, jobs if jobs is not None else (os.cpu_count() or 1), advance):
         if isinstance(result, LoadProblem):
             problems.append(result)
             continue

@@ -84,6 +84,9 @@ class PerfettoWriter:
         first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
         self._write(first.SerializeToString())
 
+    def finish(self) -> None:
+        """Nothing is buffered: every packet is already written."""
+
     def _write(self, packet: bytes) -> None:
         self._out.write(_TRACE_PACKET.tag + varint(len(packet)) + packet)
 

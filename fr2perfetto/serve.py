@@ -1,0 +1,95 @@
+"""Serve a trace once to ui.perfetto.dev from 127.0.0.1, the way Perfetto's own open_trace_in_ui does.
+
+The UI fetches ``http://127.0.0.1:9001/<file>`` (the one local port its content security policy
+allows) when opened at its ``#!/?url=`` deep link; the server answers that one request with the CORS
+header the UI needs, then stops. Ctrl-C stops it too.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import urllib.parse
+import webbrowser
+from collections.abc import Callable
+
+UI_ORIGIN = "https://ui.perfetto.dev"
+UI_PORT = 9001
+
+
+def deep_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
+    """The UI address that makes it fetch the trace from this machine."""
+    url = f"http://127.0.0.1:{port}/{urllib.parse.quote(name)}"
+    return f"{origin}/#!/?url={urllib.parse.quote(url, safe=':/')}&referrer=fr2perfetto"
+
+
+class _OneTraceHandler(http.server.BaseHTTPRequestHandler):
+    server: _OneTraceServer
+
+    def _cors(self) -> None:
+        self.send_header("Access-Control-Allow-Origin", self.server.origin)
+        self.send_header("Cache-Control", "no-cache")
+
+    def do_OPTIONS(self) -> None:
+        self.send_response(204)
+        self._cors()
+        self.send_header("Access-Control-Allow-Methods", "GET")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        if urllib.parse.unquote(self.path.split("?")[0]) != "/" + self.server.name:
+            self.send_error(404, "Not found")
+            return
+        size = os.path.getsize(self.server.path)
+        self.send_response(200)
+        self._cors()
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        with open(self.server.path, "rb") as trace:
+            while chunk := trace.read(1 << 20):
+                self.wfile.write(chunk)
+        self.server.fetched = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the command prints its own one-line messages
+
+
+class _OneTraceServer(http.server.HTTPServer):
+    def __init__(self, path: str, port: int, origin: str) -> None:
+        super().__init__(("127.0.0.1", port), _OneTraceHandler)
+        self.path = os.path.abspath(path)
+        self.name = os.path.basename(path)
+        self.origin = origin
+        self.fetched = False
+
+
+def serve_once(
+    path: str,
+    *,
+    port: int = UI_PORT,
+    origin: str = UI_ORIGIN,
+    open_browser: Callable[[str], bool] = webbrowser.open_new_tab,
+    announce: Callable[[str, bool], None] = lambda link, opened: None,
+) -> bool:
+    """Serve ``path`` until the UI fetched it once (True) or Ctrl-C (False).
+
+    ``announce(link, opened)`` is told the deep link and whether a browser could be opened at it
+    (a remote shell has none: then the person opens the printed link).
+    """
+    server = _OneTraceServer(path, port, origin)
+    try:
+        link = deep_link(server.server_address[1], server.name, origin)
+        try:
+            opened = bool(open_browser(link))
+        except Exception:  # no browser is not an error: the link is printed
+            opened = False
+        announce(link, opened)
+        server.timeout = 0.5
+        while not server.fetched:
+            server.handle_request()
+        return True
+    except KeyboardInterrupt:
+        return False
+    finally:
+        server.server_close()
