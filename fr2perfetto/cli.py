@@ -100,6 +100,7 @@ def convert(
         float, typer.Option("--max-size", min=0.001, help="Fold the trace to stay under this many MB.")
     ] = 256,
     open_ui: Annotated[bool, typer.Option("--open", help="Open the trace in ui.perfetto.dev when written.")] = False,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Local port for --open.")] = UI_PORT,
     redact: Redact = False,
     jobs: Jobs = 0,
     quiet: Quiet = False,
@@ -144,13 +145,13 @@ def convert(
         if not open_ui:
             out.print(f"Open it: fr2perfetto open {output}  (or drop it on https://ui.perfetto.dev)")
     if open_ui:
-        _open(str(output), quiet)
+        _open(str(output), quiet, port)
 
 
 def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
     def announce(link: str, opened: bool) -> None:
         if opened and not quiet:
-            out.print(f"Opening the trace in your browser; serving it once from 127.0.0.1:{port} (Ctrl-C stops).")
+            out.print("Opening the trace in your browser; serving it once from 127.0.0.1 (Ctrl-C stops).")
         elif not opened:
             out.print(f"Open this link in a browser on this machine (Ctrl-C stops):\n{link}", soft_wrap=True)
 
@@ -166,32 +167,41 @@ def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
 @app.command("open", epilog="Example:\n\n  fr2perfetto open crash.pftrace")
 def open_command(
     trace: Annotated[Path, typer.Argument(help="A trace written by fr2perfetto convert.", show_default=False)],
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Local port (the UI fetches from 9001).")
+    ] = UI_PORT,
     quiet: Quiet = False,
 ) -> None:
     """Open a trace in ui.perfetto.dev: serve it once from 127.0.0.1 and open the browser at it."""
     if not trace.is_file():
         err.print(f"[bold red]error[/]: {trace}: no such file")
         raise typer.Exit(EXIT_UNUSABLE)
-    _open(str(trace), quiet)
+    _open(str(trace), quiet, port)
 
 
 @app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
 def info(inputs: Inputs, jobs: Jobs = 0) -> None:
     """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges."""
     job = _load(inputs, jobs, True)
-    ranks = Table(title=f"{len(job.dumps)} dumps, {len(job.ranks)} ranks", title_justify="left")
-    for column in ("rank", "host", "file", "version", "format", "backend", "entries", "first op", "last op"):
-        ranks.add_column(column, justify="right" if column in ("rank", "entries") else "left")
+    all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
+    day = _clock(min(all_times))[:10] if all_times else ""
+    ranks = Table(title=f"{len(job.dumps)} dumps, {len(job.ranks)} ranks {day}", title_justify="left")
+    with_hosts = any(d.host for d in job.dumps.values())
+    columns = ["rank", *(["host"] if with_hosts else []), "file", "version", "format", "backend", "entries",
+               "first op (UTC)", "last op (UTC)"]  # fmt: skip
+    for column in columns:
+        ranks.add_column(column, justify="right" if column in ("rank", "entries") else "left", no_wrap=True)
     for rank in job.ranks:
         dump = job.dumps.get(rank)
+        host = [dump.host or "" if dump else ""] if with_hosts else []
         if dump is None:
-            ranks.add_row(str(rank), "", "[red]no dump[/]", "", "", "", "", "", "")
+            ranks.add_row(str(rank), *host, "[red]no dump[/]", "", "", "", "", "", "")
             continue
         backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
         times = [e.time_created_ns for e in dump.entries]
-        first, last = (_clock(min(times)), _clock(max(times))) if times else ("", "")
+        first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
         ranks.add_row(
-            str(rank), dump.host or "", os.path.basename(dump.path), dump.version, dump.file_format, backends,
+            str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
             str(len(dump.entries)), first, last,
         )  # fmt: skip
     out.print(ranks)

@@ -69,7 +69,7 @@ def serve_once(
     *,
     port: int = UI_PORT,
     origin: str = UI_ORIGIN,
-    open_browser: Callable[[str], bool] = webbrowser.open_new_tab,
+    open_browser: Callable[[str], bool] | None = None,
     announce: Callable[[str, bool], None] = lambda link, opened: None,
 ) -> bool:
     """Serve ``path`` until the UI fetched it once (True) or Ctrl-C (False).
@@ -81,7 +81,7 @@ def serve_once(
     try:
         link = deep_link(server.server_address[1], server.name, origin)
         try:
-            opened = bool(open_browser(link))
+            opened = bool((open_browser or webbrowser.open_new_tab)(link))
         except Exception:  # no browser is not an error: the link is printed
             opened = False
         announce(link, opened)

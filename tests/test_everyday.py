@@ -1,0 +1,210 @@
+"""Everyday use: opening in the UI, other output formats, redaction, info, capture."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fr2perfetto import serve
+
+from .conftest import ROOT, run_cli
+from .tracecheck import read_trace
+
+
+def test_open_serves_the_trace_once_to_the_ui(nccl_job, tmp_path: Path, monkeypatch):
+    trace = tmp_path / "crash.pftrace"
+    links: list[str] = []
+    threads: list[threading.Thread] = []
+    got: dict[str, object] = {}
+
+    def fake_browser(link: str) -> bool:
+        links.append(link)
+        # the deep link carries the trace's local URL; fetch it as the UI would
+        url = urllib.parse.unquote(link.split("url=", 1)[1].split("&", 1)[0])
+        request = urllib.request.Request(url, headers={"Origin": serve.UI_ORIGIN})
+
+        def fetch() -> None:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                got["status"], got["headers"], got["body"] = response.status, dict(response.headers), response.read()
+
+        fetcher = threading.Thread(target=fetch)
+        fetcher.start()
+        threads.append(fetcher)
+        return False  # as on a remote shell: the link gets printed
+
+    monkeypatch.setattr(serve.webbrowser, "open_new_tab", fake_browser)
+    code, stdout, stderr = run_cli("convert", str(nccl_job("demo")), "-o", str(trace), "--open", "--port", "0")
+    assert code == 0, stderr
+    for fetcher in threads:
+        fetcher.join(10)
+    (link,) = links
+    assert link.startswith("https://ui.perfetto.dev/#!/?url=http%3A//127.0.0.1") or link.startswith(
+        "https://ui.perfetto.dev/#!/?url=http://127.0.0.1:"
+    )
+    assert link in stdout.replace("\n", "")
+    assert got["status"] == 200 and got["body"] == trace.read_bytes()
+    headers = {k.lower(): v for k, v in got["headers"].items()}
+    assert headers["access-control-allow-origin"] == "https://ui.perfetto.dev"
+    assert headers["content-length"] == str(trace.stat().st_size)
+    assert "server stopped" in stdout
+    # the server is gone: nothing listens on its port any more
+    port = int(urllib.parse.unquote(link).split("127.0.0.1:")[1].split("/")[0])
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.settimeout(2)
+        probe.connect(("127.0.0.1", port))
+
+
+def _chrome(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def test_chrome_json_and_gzip_outputs(nccl_job, tmp_path: Path):
+    folder = nccl_job("demo")
+    for name in ("t.json", "t.json.gz", "t.pftrace.gz"):
+        code, _, stderr = run_cli("convert", str(folder), "-o", str(tmp_path / name), "-q")
+        assert code == 0, stderr
+    doc = _chrome(tmp_path / "t.json")
+    assert doc == _chrome(tmp_path / "t.json.gz")
+    events = doc["traceEvents"]
+    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert sorted(n for n in names if n.startswith("rank")) == [f"rank {r}" for r in range(8)]
+    assert "Findings" in names
+    starts = [e for e in events if e["ph"] == "s"]
+    finishes = [e for e in events if e["ph"] == "f"]
+    assert starts and sorted(e["id"] for e in starts) == sorted(e["id"] for e in finishes)
+    findings = [e for e in events if e["ph"] == "X" and e["name"].startswith("missing: rank 5 never issued")]
+    assert len(findings) == 1 and findings[0]["args"]["culprit_ranks"] == "5"
+    marker = [e for e in events if e["ph"] == "i"]
+    assert [m["name"] for m in marker] == ["✗ NEVER ISSUED all_reduce #4"]
+    # the gzipped Perfetto trace decompresses to the same trace as the plain one
+    plain = tmp_path / "t.pftrace"
+    run_cli("convert", str(folder), "-o", str(plain), "-q")
+    assert gzip.decompress((tmp_path / "t.pftrace.gz").read_bytes()) == plain.read_bytes()
+
+
+def test_redacted_trace_has_no_hostnames_or_directories(gloo_job, nccl_job, tmp_path: Path):
+    # real gloo dumps (frames under this checkout and the virtualenv) plus NCCL dumps named with hosts
+    folder = tmp_path / "secret-cluster-dumps"
+    shutil.copytree(gloo_job("skip"), folder)
+    for path in nccl_job("stuck").iterdir():
+        rank = path.name.rsplit("_", 1)[1]
+        shutil.copy(path, folder / f"nccl_trace_rank_gpu-node-{rank}.corp.example_{int(rank) + 4}")
+    from fr2perfetto.job import load_job
+
+    job = load_job([str(folder)])
+    secrets = {d.host for d in job.dumps.values() if d.host}
+    assert len(secrets) == 4
+    for dump in job.dumps.values():
+        for entry in dump.entries:
+            for frame in entry.frames:
+                secrets.update(p for p in os.path.dirname(frame.filename).split("/") if len(p) > 3)
+    secrets.update(p for p in str(folder).split("/") if len(p) > 3)
+    # what stays readable on purpose: file basenames and function names ("main", "distributed_c10d.py")
+    kept = {f.name for d in job.dumps.values() for e in d.entries for f in e.frames}
+    kept |= {os.path.basename(f.filename) for d in job.dumps.values() for e in d.entries for f in e.frames}
+    secrets = {s for s in secrets if not any(s in k for k in kept)}
+    assert "secret-cluster-dumps" in secrets and "alice" in secrets and "site-packages" in secrets
+    for name in ("r.pftrace", "r.json"):
+        out = tmp_path / name
+        code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "--redact", "-q")
+        assert code == 0, stderr
+        data = out.read_bytes()
+        leaked = sorted(s for s in secrets if s.encode() in data)
+        assert not leaked, f"{name} leaks {leaked}"
+    trace = read_trace(str(tmp_path / "r.pftrace"))
+    stack = next(s[4]["stack"] for s in trace.all_slices() if "stack" in s[4])
+    assert stack[0].startswith("all_reduce (<dir") and stack[0].endswith("/distributed_c10d.py:3245)")
+    code, stdout, _ = run_cli("analyze", str(folder), "--redact", "--json")
+    values = json.dumps([v for v in _values(json.loads(stdout))])  # leave out the schema's key names
+    assert not [s for s in secrets if s in values]
+
+
+def _values(node: object) -> list[object]:
+    if isinstance(node, dict):
+        return [v for value in node.values() for v in _values(value)]
+    if isinstance(node, list):
+        return [v for value in node for v in _values(value)]
+    return [node]
+
+
+def test_info_lists_ranks_groups_and_missing_dumps(nccl_job):
+    code, stdout, _ = run_cli("info", str(nccl_job("missing_dump")))
+    assert code == 0
+    assert "3 dumps, 4 ranks" in stdout and "Missing dumps: ranks 3" in stdout
+    assert "default_pg" in stdout and "2.10" in stdout and "nccl_trace_rank_0" in stdout
+
+
+def test_every_command_has_help_with_examples():
+    for command in ("convert", "analyze", "open", "info", "trigger"):
+        code, stdout, _ = run_cli(command, "--help")
+        assert code == 0 and "Example" in stdout, command
+
+
+def test_trigger_writes_to_each_ranks_pipe(tmp_path: Path):
+    from fr2perfetto.trigger import PIPE_PREFIX
+
+    pipes = [tmp_path / f"{PIPE_PREFIX}{rank}.pipe" for rank in range(2)]
+    received: list[bytes] = []
+    for pipe in pipes:
+        os.mkfifo(pipe)
+    readers = [os.open(p, os.O_RDONLY | os.O_NONBLOCK) for p in pipes]  # as the ranks' watchdogs do
+    try:
+        code, stdout, _ = run_cli("trigger", str(tmp_path))
+        received = [os.read(fd, 16) for fd in readers]
+    finally:
+        for fd in readers:
+            os.close(fd)
+    assert code == 0 and "Asked 2 ranks" in stdout and received == [b"1\n", b"1\n"]
+    code, _, stderr = run_cli("trigger", str(tmp_path))  # nobody listens any more
+    assert code == 2 and "no rank's debug pipe" in stderr
+
+
+CAPTURE_SCRIPT = """
+import os, sys, time
+from datetime import timedelta
+from fr2perfetto import capture
+capture.configure(sys.argv[1])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+capture.install()
+t = torch.ones(4)
+for step in range(5):
+    if step == 3 and dist.get_rank() == 2:
+        raise ValueError("loss is NaN on rank 2")
+    dist.all_reduce(t)
+"""
+
+
+def test_capture_dumps_every_rank_of_a_real_job(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(CAPTURE_SCRIPT)
+    dumps = tmp_path / "dumps"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in range(4):  # what torchrun does: one process per rank with these variables
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, str(script), str(dumps)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+    errors = [p.communicate(timeout=120)[1].decode() for p in ranks]
+    assert all(p.returncode != 0 for p in ranks)  # every rank died: 2 of its error, the others of timeouts
+    assert "loss is NaN on rank 2" in errors[2]
+    assert sorted(p.name for p in dumps.iterdir()) == [f"gloo_trace_rank_{r}" for r in range(4)]
+    code, stdout, _ = run_cli("analyze", str(dumps), "--json")
+    verdict = json.loads(stdout)["verdict"]
+    assert code == 1 and verdict["culprit_ranks"] == [2] and "rank 2 never issued all_reduce #4" in verdict["summary"]
