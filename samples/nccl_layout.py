@@ -151,13 +151,17 @@ class Job:
         start = max(created.values()) + 20_000
         missing = len(members) < len(self.groups[group][1])
         complete = None if (hang or missing) else start + int(duration_ms * 1e6)
+        # reduce_scatter's input holds one output's worth per member (all_gather the other way round)
+        scale_in = len(self.groups[group][1]) if op in ("_reduce_scatter_base", "reduce_scatter") else 1
         for r in members:
             seq = self.ranks[r].collective_seq[group] = self.ranks[r].collective_seq.get(group, 0) + 1
+            numel_r = (sizes or {}).get(r, numel)
             self._record(
                 r,
                 group,
                 f"nccl:{(ops or {}).get(r, op)}",
-                sizes=[[(sizes or {}).get(r, numel)]],
+                sizes=[[numel_r * scale_in]],
+                out_sizes=[[numel_r]],
                 dtype=(dtypes or {}).get(r, dtype),
                 created=created[r],
                 started=start if (complete or hang or missing) else None,
