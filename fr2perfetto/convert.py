@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from .diagnose import Diagnosis, diagnose
-from .fold import View
+from .fold import View, full_view
 from .job import Job
 from .match import match_ops
 from .model import OK, MatchedOp
@@ -38,7 +38,9 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None) -> Trac
     """Write the Perfetto trace of an analysed job to ``path`` (atomically), showing ``view``."""
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
-    drawn = drawn_counts(ops_by_rank(ops, {rep for rep, _ in view.processes}), view) if view and view.folded else None
+    view = view or full_view(job)
+    index = ops_by_rank(ops, {rep for rep, _ in view.processes} if view.folded else None)
+    drawn = drawn_counts(index, view) if view.folded else None
     finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
     with atomic_output(path) as raw, _maybe_gzip(raw, path) as out:
         writer = ChromeJsonWriter(out) if output_format(path) == "json" else PerfettoWriter(out)
@@ -50,7 +52,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None) -> Trac
             writer.track(track)
         for track in finding_tracks:
             writer.slices(track.uuid, track.slices)
-        for timeline in rank_timelines(job, ops, span, highlights, view):
+        for timeline in rank_timelines(job, index, span, highlights, view):
             for track in timeline.tracks:
                 writer.track(track)
             for track in timeline.tracks:

@@ -60,6 +60,8 @@ class Verdict:
 
 @dataclass(slots=True)
 class Diagnosis:
+    """The verdict and the findings behind it, strongest first in the verdict's evidence."""
+
     verdict: Verdict
     findings: list[Finding]
 

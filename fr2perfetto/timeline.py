@@ -172,11 +172,17 @@ def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view
 
 
 def rank_timelines(
-    job: Job, ops: list[MatchedOp], span: TimeSpan, highlights: Highlights | None = None, view: View | None = None
+    job: Job,
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]],
+    span: TimeSpan,
+    highlights: Highlights | None = None,
+    view: View | None = None,
 ) -> Iterator[RankTimeline]:
-    """Yield each shown rank's timeline in rank order, built only when asked for."""
+    """Yield each shown rank's timeline in rank order, built only when asked for.
+
+    ``index`` is ``ops_by_rank`` of the job's ops (for the shown ranks at least).
+    """
     view = view or full_view(job)
-    index = ops_by_rank(ops, None if not view.folded else {rep for rep, _ in view.processes})
     highlights = highlights or Highlights()
     for rank, stands_for in view.processes:
         yield rank_timeline(job, rank, index.get(rank, []), span, highlights, stands_for, view)
