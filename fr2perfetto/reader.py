@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .files import parse_dump_name
@@ -304,28 +305,23 @@ class _Caches:
         self.dtypes: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def _fast_sizes(item: dict[str, Any], key: str, cache: dict[Any, Any]) -> tuple[tuple[int, ...], ...]:
+def _checked_once(
+    item: dict[str, Any], key: str, cache: dict[Any, Any], as_key: Callable[[Any], Any], check: Callable[..., Any]
+) -> Any:
+    """``check(item, key)``, done once per distinct value in a file; a value it rejects always raises."""
     value = item.get(key)
     try:
-        as_tuple = tuple(map(tuple, value)) if value else ()
-        known = cache.get(as_tuple)
-    except TypeError:
-        return _sizes(item, key)  # raises with the reason
+        cache_key = as_key(value) if value else ()
+        known = cache.get(cache_key)
+    except TypeError:  # not even hashable: let the full check say what is wrong
+        return check(item, key)
     if known is None:
-        known = cache[as_tuple] = _sizes(item, key)
+        known = cache[cache_key] = check(item, key)
     return known
 
 
-def _fast_dtypes(item: dict[str, Any], key: str, cache: dict[Any, Any]) -> tuple[str, ...]:
-    value = item.get(key)
-    try:
-        as_tuple = tuple(value) if value else ()
-        known = cache.get(as_tuple)
-    except TypeError:
-        return _dtypes(item, key)  # raises with the reason
-    if known is None:
-        known = cache[as_tuple] = _dtypes(item, key)
-    return known
+def _tuple_of_tuples(value: Any) -> tuple[Any, ...]:
+    return tuple(map(tuple, value))
 
 
 def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConfig], caches: _Caches) -> Entry:
@@ -419,10 +415,10 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
         op,
         peers,
         is_p2p,
-        _fast_sizes(item, "input_sizes", caches.sizes),
-        _fast_sizes(item, "output_sizes", caches.sizes),
-        _fast_dtypes(item, "input_dtypes", caches.dtypes),
-        _fast_dtypes(item, "output_dtypes", caches.dtypes),
+        _checked_once(item, "input_sizes", caches.sizes, _tuple_of_tuples, _sizes),
+        _checked_once(item, "output_sizes", caches.sizes, _tuple_of_tuples, _sizes),
+        _checked_once(item, "input_dtypes", caches.dtypes, tuple, _dtypes),
+        _checked_once(item, "output_dtypes", caches.dtypes, tuple, _dtypes),
         state,
         retired if type(retired) is bool else state == COMPLETED,
         created,
