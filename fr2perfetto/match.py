@@ -96,11 +96,13 @@ def match_ops(job: Job) -> list[MatchedOp]:
 
     ops: list[MatchedOp] = []
     for (group, seq), entries in collectives.items():
-        op = MatchedOp(group=group, kind="collective", seq=seq, entries=entries)
+        op = MatchedOp(group=group, kind="collective", seq=seq, entries=entries, first_time_ns=_first_time(entries))
         _find_absent(op, job, covered)
         ops.append(op)
     for (group, src, dst, seq), entries in p2p.items():
-        op = MatchedOp(group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst))
+        op = MatchedOp(
+            group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst), first_time_ns=_first_time(entries)
+        )
         absent = [r for r in (src, dst) if r not in entries]
         op.missing = tuple(r for r in absent if r in job.dumps)
         op.unknown = tuple(r for r in absent if r not in job.dumps)
@@ -111,6 +113,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
         op.name = majority_op(op.entries)
         classify(op)
     return ops
+
+
+def _first_time(entries: dict[int, list[Entry]]) -> int:
+    """When the first rank enqueued the op: computed once, read by every later stage."""
+    return min(e[0].time_created_ns for e in entries.values())
 
 
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:

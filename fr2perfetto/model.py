@@ -168,6 +168,7 @@ class MatchedOp:
     peers: tuple[int, int] | None = None  # p2p: (source, destination) global ranks
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
     name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
+    first_time_ns: int = 0  # when the first rank enqueued it (set by the matcher)
 
     @property
     def title(self) -> str:
@@ -179,10 +180,6 @@ class MatchedOp:
         if self.kind == "p2p" and self.peers:
             return f"{op_name} {self.peers[0]}->{self.peers[1]} #{self.seq}"
         return f"{op_name} #{self.seq}"
-
-    @property
-    def first_time_ns(self) -> int:
-        return min(e[0].time_created_ns for e in self.entries.values())
 
 
 def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
