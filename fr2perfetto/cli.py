@@ -20,6 +20,7 @@ from . import __version__
 from .convert import analyse, write_trace
 from .diagnose import HEALTHY
 from .fold import parse_ranks, plan_view
+from .gcpause import gc_paused
 from .job import Job, load_job
 from .model import ranks_label
 from .redact import redact_job
@@ -115,17 +116,18 @@ def convert(
     except ValueError as error:
         err.print(f"[bold red]error[/]: --ranks: {error}")
         raise typer.Exit(EXIT_UNUSABLE) from None
-    job = _load(inputs, jobs, quiet, redact)
-    analysis = analyse(job)
-    view = plan_view(
-        job, analysis.ops, analysis.diagnosis.findings, max_bytes=int(max_size_mb * 1024 * 1024), full=full,
-        ranks=chosen_ranks, groups=set(groups.split(",")) if groups else None, window=window,
-    )  # fmt: skip
-    try:
-        stats = write_trace(analysis, str(output), view)
-    except OSError as error:
-        err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
-        raise typer.Exit(EXIT_UNUSABLE) from None
+    with gc_paused():
+        job = _load(inputs, jobs, quiet, redact)
+        analysis = analyse(job)
+        view = plan_view(
+            job, analysis.ops, analysis.diagnosis.findings, max_bytes=int(max_size_mb * 1024 * 1024), full=full,
+            ranks=chosen_ranks, groups=set(groups.split(",")) if groups else None, window=window,
+        )  # fmt: skip
+        try:
+            stats = write_trace(analysis, str(output), view, jobs=jobs or (os.cpu_count() or 1))
+        except OSError as error:
+            err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
+            raise typer.Exit(EXIT_UNUSABLE) from None
     if not quiet:
         size = os.path.getsize(output)
         verdict = analysis.diagnosis.verdict
@@ -253,8 +255,9 @@ def analyze(
     quiet: Quiet = False,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
-    job = _load(inputs, jobs, quiet or as_json, redact)
-    analysis = analyse(job)
+    with gc_paused():
+        job = _load(inputs, jobs, quiet or as_json, redact)
+        analysis = analyse(job)
     diagnosis = analysis.diagnosis
     if as_json:
         sys.stdout.write(report_json(build_report(job, analysis.ops, diagnosis)) + "\n")

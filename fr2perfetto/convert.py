@@ -4,19 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from typing import IO
 
 from .diagnose import Diagnosis, diagnose
 from .fold import View, full_view
+from .gcpause import gc_paused
 from .job import Job
 from .match import match_ops
-from .model import OK, MatchedOp
+from .model import OK, Entry, MatchedOp
 from .output import atomic_output
 from .renderers.chrome_json import ChromeJsonWriter
-from .renderers.perfetto import PerfettoWriter, TraceStats
-from .timeline import drawn_counts, findings_tracks, ops_by_rank, rank_timelines, time_span
+from .renderers.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
+from .timeline import (
+    Highlights,
+    TimeSpan,
+    Track,
+    drawn_counts,
+    findings_tracks,
+    ops_by_rank,
+    rank_timelines,
+    time_span,
+)
 
 
 @dataclass(slots=True)
@@ -34,31 +50,100 @@ def analyse(job: Job) -> Analysis:
     return Analysis(job, ops, diagnose(job, ops))
 
 
-def write_trace(analysis: Analysis, path: str, view: View | None = None) -> TraceStats:
-    """Write the Perfetto trace of an analysed job to ``path`` (atomically), showing ``view``."""
+def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: int = 1) -> TraceStats:
+    """Write the Perfetto trace of an analysed job to ``path`` (atomically), showing ``view``.
+
+    With ``jobs`` > 1 (Linux), the ranks' packets are made by that many forked processes, each
+    writing its own packet sequence to a part file; the parts are then appended in rank order.
+    """
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
     view = view or full_view(job)
     index = ops_by_rank(ops, {rep for rep, _ in view.processes} if view.folded else None)
     drawn = drawn_counts(index, view) if view.folded else None
     finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
+    scene = _Scene(job, index, span, highlights, view)
+    as_json = output_format(path) == "json"
     with atomic_output(path) as raw, _maybe_gzip(raw, path) as out:
-        writer = ChromeJsonWriter(out) if output_format(path) == "json" else PerfettoWriter(out)
+        writer = ChromeJsonWriter(out) if as_json else PerfettoWriter(out)
         problem_times = [op.first_time_ns for op in ops if op.status != OK]
         if problem_times:
             # Open the UI on the last tenth of the job before the first problem.
             writer.range_of_interest(max(span.start, min(problem_times) - (span.end - span.start) // 10))
-        for track in finding_tracks:
-            writer.track(track)
-        for track in finding_tracks:
-            writer.slices(track.uuid, track.slices)
-        for timeline in rank_timelines(job, index, span, highlights, view):
-            for track in timeline.tracks:
-                writer.track(track)
-            for track in timeline.tracks:
-                writer.slices(track.uuid, track.slices)
+        _write_tracks(writer, finding_tracks)
+        if as_json or not _can_fork(jobs, len(view.processes)):
+            _write_ranks(writer, scene, view.processes)
+        else:
+            _write_ranks_in_parallel(writer, out, scene, jobs, os.path.dirname(os.path.abspath(path)))
         writer.finish()
     return writer.stats
+
+
+@dataclass(slots=True)
+class _Scene:
+    """Everything the ranks' timelines are made from."""
+
+    job: Job
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]]
+    span: TimeSpan
+    highlights: Highlights
+    view: View
+
+
+def _write_tracks(writer: PerfettoWriter | ChromeJsonWriter, tracks: list[Track]) -> None:
+    for track in tracks:
+        writer.track(track)
+    for track in tracks:
+        writer.slices(track.uuid, track.slices)
+
+
+def _write_ranks(
+    writer: PerfettoWriter | ChromeJsonWriter, scene: _Scene, processes: list[tuple[int, tuple[int, ...]]]
+) -> None:
+    view = replace(scene.view, processes=processes)
+    for timeline in rank_timelines(scene.job, scene.index, scene.span, scene.highlights, view):
+        _write_tracks(writer, timeline.tracks)
+
+
+# Parallel writing: below this many processes per worker, forking costs more than it saves.
+MIN_PROCESSES_PER_WORKER = 8
+_forked_scene: _Scene | None = None  # what forked workers inherit
+
+
+def _can_fork(jobs: int, processes: int) -> bool:
+    return jobs > 1 and sys.platform == "linux" and processes >= 2 * MIN_PROCESSES_PER_WORKER
+
+
+def _write_part(task: tuple[list[tuple[int, tuple[int, ...]]], int, str]) -> TraceStats:
+    """In a forked worker: write the packets of some ranks, on their own sequence, to a part file."""
+    processes, sequence_id, part_path = task
+    assert _forked_scene is not None
+    with gc_paused(), open(part_path, "wb") as part:
+        writer = PerfettoWriter(part, sequence_id=sequence_id)
+        _write_ranks(writer, _forked_scene, processes)
+    return writer.stats
+
+
+def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Scene, jobs: int, folder: str) -> None:
+    global _forked_scene
+    processes = scene.view.processes
+    count = min(jobs * 2, len(processes) // MIN_PROCESSES_PER_WORKER)  # a few parts per worker evens the load
+    bounds = [len(processes) * i // count for i in range(count + 1)]
+    with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch:
+        tasks = [
+            (processes[bounds[i] : bounds[i + 1]], SEQUENCE_ID + 1 + i, os.path.join(scratch, f"part{i}"))
+            for i in range(count)
+        ]
+        _forked_scene = scene
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                for (_, _, part_path), stats in zip(tasks, pool.map(_write_part, tasks), strict=True):
+                    writer.stats.add(stats)
+                    with open(part_path, "rb") as part:
+                        shutil.copyfileobj(part, out, 1 << 20)
+                    os.unlink(part_path)
+        finally:
+            _forked_scene = None
 
 
 def output_format(path: str) -> str:

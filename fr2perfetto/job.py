@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from .files import expand_inputs
+from .gcpause import gc_paused
 from .model import Group, LoadProblem, RankDump, ranks_label
 from .reader import DumpError, read_dump
 
@@ -56,7 +57,8 @@ class Job:
 
 def _read_one(path: str) -> RankDump | LoadProblem:
     try:
-        return read_dump(path)
+        with gc_paused():
+            return read_dump(path)
     except DumpError as error:
         return LoadProblem(path, str(error))
     except Exception as error:

@@ -39,7 +39,7 @@ class ArgBlock:
 
     def __init__(self, items: tuple[tuple[str, ArgValue], ...]) -> None:
         self.items = items
-        self.encoded: bytes | None = None  # set by the Perfetto writer on first use
+        self.encoded: tuple[int, bytes] | None = None  # (packet sequence, bytes): set by the Perfetto writer
 
 
 ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...], ArgBlock]  # noqa: UP007 - a recursive alias

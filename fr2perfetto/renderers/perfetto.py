@@ -7,6 +7,7 @@ classes; slice packets, which come by the million, are encoded by ``wire`` from 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
@@ -23,7 +24,6 @@ _P = pb.TracePacket.DESCRIPTOR
 _TIMESTAMP = Field(_P, "timestamp")
 _TRACK_EVENT = Field(_P, "track_event")
 _INTERNED = Field(_P, "interned_data")
-_SEQUENCE = Field(_P, "trusted_packet_sequence_id").int(SEQUENCE_ID)
 _NEEDS_STATE = Field(_P, "sequence_flags").int(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
 _E = pb.TrackEvent.DESCRIPTOR
 _TYPE = Field(_E, "type")
@@ -51,6 +51,8 @@ _NAME = Field(pb.EventName.DESCRIPTOR, "name")
 _STR = Field(pb.InternedString.DESCRIPTOR, "str")
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_SMALL_LENGTH = [varint(n) for n in range(128)]
+_pack_double = struct.Struct("<d").pack
 
 
 @dataclass(slots=True)
@@ -67,20 +69,37 @@ class TraceStats:
     def flows(self) -> int:
         return len(self.flow_ids)
 
+    def add(self, other: TraceStats) -> None:
+        """Count what another writer wrote of the same trace."""
+        self.processes += other.processes
+        self.tracks += other.tracks
+        self.slices += other.slices
+        self.markers += other.markers
+        self.flow_ids |= other.flow_ids
+
 
 class PerfettoWriter:
-    """Streams tracks and their slices to a binary file as Perfetto ``TracePacket``s."""
+    """Streams tracks and their slices to a binary file as Perfetto ``TracePacket``s.
 
-    def __init__(self, out: IO[bytes]) -> None:
+    Every writer owns one packet sequence (``sequence_id``) and its interning state, so several
+    writers may produce parts of one trace independently; the parts are concatenated.
+    """
+
+    def __init__(self, out: IO[bytes], sequence_id: int = SEQUENCE_ID) -> None:
         self._out = out
+        self._sequence_id = sequence_id
+        self._sequence = Field(_P, "trusted_packet_sequence_id").int(sequence_id)
+        # Every slice packet starts with these fields; only the timestamp's value follows.
+        self._packet_head = self._sequence + _NEEDS_STATE + _TIMESTAMP.tag
         self._event_names: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
         self._strings: dict[str, int] = {}
         # (arg name, value), or a block of them -> encoded DebugAnnotations, for what repeats
         self._encoded: dict[object, bytes] = {}
+        self._arg_prefixes: dict[str, bytes] = {}
         self._new_interned: list[bytes] = []
         self.stats = TraceStats()
-        first = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID)
+        first = pb.TracePacket(trusted_packet_sequence_id=sequence_id)
         first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
         self._write(first.SerializeToString())
 
@@ -92,13 +111,13 @@ class PerfettoWriter:
 
     def range_of_interest(self, start_ns: int) -> None:
         """Ask the UI to open on the time from ``start_ns`` on (e.g. just before the hang)."""
-        packet = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID, timestamp=start_ns)
+        packet = pb.TracePacket(trusted_packet_sequence_id=self._sequence_id, timestamp=start_ns)
         packet.track_event_range_of_interest.start_us = start_ns // 1000
         self._write(packet.SerializeToString())
 
     def track(self, track: Track) -> None:
         """Describe a track; must come before any of its slices."""
-        packet = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID)
+        packet = pb.TracePacket(trusted_packet_sequence_id=self._sequence_id)
         desc = packet.track_descriptor
         desc.uuid = track.uuid
         if track.parent is not None:
@@ -151,41 +170,73 @@ class PerfettoWriter:
     def _string(self, text: str) -> bytes:
         return _STRING.int(self._iid(self._strings, text, _STRINGS, _STR))
 
+    def _block(self, block: ArgBlock) -> bytes:
+        """A shared block's annotations, encoded once per writer (iids belong to the writer)."""
+        encoded = block.encoded
+        if encoded is None or encoded[0] != self._sequence_id:
+            encoded = block.encoded = (self._sequence_id, b"".join(self._arg(n, v) for n, v in block.items))
+        return encoded[1]
+
+    def _arg(self, name: str, value: ArgValue) -> bytes:
+        """One encoded annotation; what repeats across ranks (strings, stacks, small ints) is encoded once."""
+        kind = type(value)
+        if kind is str or kind is tuple or (kind is int and 0 <= value < 1 << 32):  # type: ignore[operator]
+            key = (name, value)
+            chunk = self._encoded.get(key)
+            if chunk is None:
+                chunk = self._encoded[key] = self._annotation(name, value)
+            return chunk
+        if kind is int and _INT64_MIN <= value <= _INT64_MAX:  # type: ignore[operator]
+            # Timestamps: unique, so encoded directly (a number's annotation is always short).
+            body = self._arg_prefix(name) + _INT.tag + varint(value)  # type: ignore[arg-type]
+            return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
+        if kind is float:
+            body = self._arg_prefix(name) + _DOUBLE.tag + _pack_double(value)  # type: ignore[arg-type]
+            return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
+        return self._annotation(name, value)
+
+    def _arg_prefix(self, name: str) -> bytes:
+        prefix = self._arg_prefixes.get(name)
+        if prefix is None:
+            iid = self._iid(self._arg_names, name, _ARG_NAMES, _NAME)
+            prefix = self._arg_prefixes[name] = _ARG_NAME.int(iid)
+        return prefix
+
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Write non-overlapping slices of one track, in time order."""
         track = _TRACK_UUID.int(track_uuid)
+        begin, instant = _BEGIN + track, _INSTANT + track
         end_event = _TRACK_EVENT.bytes(_END + track)
-        encoded = self._encoded
+        packet_head = self._packet_head
+        event_names = self._event_names
+        arg = self._arg
+        out: list[bytes] = []
+        slice_count = marker_count = 0
         for item in slices:
-            parts = [_INSTANT if item.end is None else _BEGIN, track,
-                     _NAME_IID.int(self._iid(self._event_names, item.name, _EVENT_NAMES, _NAME))]  # fmt: skip
+            name_iid = event_names.get(item.name) or self._iid(event_names, item.name, _EVENT_NAMES, _NAME)
+            parts = [instant if item.end is None else begin, _NAME_IID.tag, varint(name_iid)]
             for name, value in item.args:
-                if isinstance(value, ArgBlock):  # args that many slices share: encoded once for all
-                    if value.encoded is None:
-                        value.encoded = b"".join(self._annotation(n, v) for n, v in value.items)
-                    parts.append(value.encoded)
-                # Strings, stacks and small numbers (seq ids, sizes) repeat across ranks: encode once.
-                elif isinstance(value, (str, tuple)) or (type(value) is int and 0 <= value < 1 << 32):
-                    key = (name, value)
-                    chunk = encoded.get(key)
-                    if chunk is None:
-                        chunk = encoded[key] = self._annotation(name, value)
-                    parts.append(chunk)
-                else:
-                    parts.append(self._annotation(name, value))
+                # Args that many slices share come as one block, encoded once for all.
+                parts.append(self._block(value) if type(value) is ArgBlock else arg(name, value))  # type: ignore[arg-type]
             for flow in item.flow_ids:
                 parts.append(_FLOW.fixed64(flow))
             if item.flow_ids:
                 self.stats.flow_ids.update(item.flow_ids)
             if item.correlation_id is not None:
                 parts.append(_CORRELATION.int(item.correlation_id))
-            head = _SEQUENCE + _NEEDS_STATE + _TIMESTAMP.int(item.start)
+            event = b"".join(parts)
+            head = packet_head + varint(item.start)
             if self._new_interned:
                 head += _INTERNED.bytes(b"".join(self._new_interned))
                 self._new_interned.clear()
-            self._write(head + _TRACK_EVENT.bytes(b"".join(parts)))
+            packet = head + _TRACK_EVENT.tag + varint(len(event)) + event
+            out.append(_TRACE_PACKET.tag + varint(len(packet)) + packet)
             if item.end is None:
-                self.stats.markers += 1
+                marker_count += 1
                 continue
-            self._write(_SEQUENCE + _NEEDS_STATE + _TIMESTAMP.int(item.end) + end_event)
-            self.stats.slices += 1
+            packet = packet_head + varint(item.end) + end_event
+            out.append(_TRACE_PACKET.tag + varint(len(packet)) + packet)
+            slice_count += 1
+        self._out.write(b"".join(out))
+        self.stats.slices += slice_count
+        self.stats.markers += marker_count

@@ -8,6 +8,7 @@ and the tests parse every trace back with that same schema.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -32,7 +33,19 @@ def varint(value: int) -> bytes:
         return _SMALL[value]
     if value < 0:
         value += 1 << 64
-    # Two groups at a time from tables: a timestamp takes five steps instead of nine.
+    # Fourteen bits at a time from tables. A timestamp's top bits are shared by every timestamp of
+    # the same quarter second, so they come from a cache.
+    if value < 1 << 14:
+        return _LAST[value]
+    if value < 1 << 28:
+        high = value >> 14
+        return _MIDDLE[value & 0x3FFF] + (_SMALL[high] if high < 128 else _LAST[high])
+    return _MIDDLE[value & 0x3FFF] + _MIDDLE[(value >> 14) & 0x3FFF] + _high_groups(value >> 28)
+
+
+@functools.lru_cache(maxsize=4096)
+def _high_groups(value: int) -> bytes:
+    """The varint groups of a value's bits from the 29th on (``value`` is already shifted)."""
     parts = []
     while value >= 1 << 14:
         parts.append(_MIDDLE[value & 0x3FFF])
