@@ -56,16 +56,28 @@ def link_coalesced(job: Job) -> None:
     A coalesced group is a run of entries of one group on one rank sharing a seq (the p2p seq for
     point-to-point batches), ended by a ``coalesced`` / ``*_coalesced`` entry.
     """
+    ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
     for dump in job.dumps.values():
         open_runs: dict[tuple[str, bool, int], list[Entry]] = {}
         for entry in dump.entries:
             seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
             key = (entry.group_name, entry.is_p2p, seq)
-            if entry.is_coalesced_end:
+            is_end = ends.get(entry.op)
+            if is_end is None:
+                is_end = ends[entry.op] = entry.is_coalesced_end
+            if is_end:
                 for inner in open_runs.pop(key, ()):
                     inner.closed_by = entry
+            elif open_runs:
+                # Only ops of a group that a coalesced entry closes are held; most entries close nothing.
+                run = open_runs.get(key)
+                if run is not None:
+                    run.append(entry)
+                else:
+                    open_runs[key] = [entry]
             else:
-                open_runs.setdefault(key, []).append(entry)
+                open_runs[key] = [entry]
+        # Runs never closed are plain ops.
 
 
 def match_ops(job: Job) -> list[MatchedOp]:
@@ -75,8 +87,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
     p2p: dict[P2PKey, dict[int, list[Entry]]] = defaultdict(dict)
     covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
     for rank, dump in job.dumps.items():
+        groups_by_name: dict[str, Group] = {}
         for entry in dump.entries:
-            group = job.group_of[(rank, entry.group_name)]
+            group = groups_by_name.get(entry.group_name)  # type: ignore[assignment]
+            if group is None:
+                group = groups_by_name[entry.group_name] = job.group_of[(rank, entry.group_name)]
             if entry.is_p2p:
                 if entry.p2p_local is None:
                     continue  # the closing entry of a p2p batch; its state lives on in closed_by
@@ -141,6 +156,22 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
     op.missing, op.unknown = tuple(missing), tuple(unknown)
 
 
+def _all_alike(entries_by_rank: dict[int, list[Entry]]) -> bool:
+    """Whether every rank issued the same ops with the same sizes and dtypes (the common case, checked fast)."""
+    first: object = None
+    for entries in entries_by_rank.values():
+        if len(entries) == 1:
+            e = entries[0]
+            signature: object = (e.op, e.input_sizes, e.input_dtypes)
+        else:
+            signature = tuple((e.op, e.input_sizes, e.input_dtypes) for e in entries)
+        if first is None:
+            first = signature
+        elif signature != first:
+            return False
+    return True
+
+
 def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
     inner = [e for e in entries if not e.is_coalesced_end] or entries
     if what == "op":
@@ -155,7 +186,7 @@ def classify(op: MatchedOp) -> None:
     if op.missing:
         op.status = MISSING
         return
-    if op.kind == "collective" and len(op.entries) > 1:
+    if op.kind == "collective" and len(op.entries) > 1 and not _all_alike(op.entries):
         for what in ("op", "size", "dtype"):
             if what == "size" and op.name not in SAME_SIZE_OPS:
                 continue

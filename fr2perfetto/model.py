@@ -186,8 +186,10 @@ def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
     """The op name most ranks issued (ties: the alphabetically last, so that it is stable)."""
     counts: dict[str, int] = {}
     for entries in entries_by_rank.values():
-        op = head_entry(entries).op
+        op = entries[0].op if len(entries) == 1 else head_entry(entries).op
         counts[op] = counts.get(op, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
     return max(counts, key=lambda k: (counts[k], k)) if counts else "?"
 
 

@@ -42,7 +42,42 @@ class ArgBlock:
         self.encoded: tuple[int, bytes] | None = None  # (packet sequence, bytes): set by the Perfetto writer
 
 
-ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...], ArgBlock]  # noqa: UP007 - a recursive alias
+class RankFacts:
+    """The facts of one rank's entry that no other slice shares (ids and times), in a fixed layout.
+
+    A slice has one of these instead of seven named args, so that writers can encode them in one go.
+    ``items`` lists them as named values.
+    """
+
+    __slots__ = ("completed", "created", "duration_ms", "op_id", "record_id", "started", "thread", "timed")
+
+    def __init__(self, head: Entry, last: Entry, timed: bool) -> None:
+        self.op_id = head.op_id
+        self.record_id = head.record_id
+        self.created = head.time_created_ns
+        self.timed = timed  # False: the backend records no start or completion (gloo)
+        self.started = last.time_started_ns
+        self.completed = last.time_completed_ns
+        self.duration_ms = last.duration_ms
+        self.thread = f"{head.thread_name} ({head.thread_id})" if head.thread_name or head.thread_id else ""
+
+    @property
+    def items(self) -> list[tuple[str, ArgValue]]:
+        out: list[tuple[str, ArgValue]] = [
+            ("op_id", self.op_id),
+            ("record_id", self.record_id),
+            ("time_created_ns", self.created),
+        ]
+        if self.timed:
+            out.append(("time_started_ns", self.started or "unknown"))
+            out.append(("time_completed_ns", self.completed or "unknown"))
+            out.append(("duration_ms", self.duration_ms if self.duration_ms is not None else "unknown"))
+        if self.thread:
+            out.append(("thread", self.thread))
+        return out
+
+
+ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...], ArgBlock, RankFacts]  # noqa: UP007 - a recursive alias
 
 # Name prefixes that make a problem stand out in the timeline (and in a search box).
 PREFIX = {
@@ -402,21 +437,11 @@ def op_args(
 ) -> list[tuple[str, ArgValue]]:
     """Every fact the dump gives about this rank's part in the op, as named values.
 
-    The first item is ("", block): the facts most ranks of the op share (status, group, op, sizes,
-    dtypes, state, stack...) as one ``ArgBlock``, built once per distinct set of facts.
+    Two items: ("", block), the facts most ranks of the op share (status, group, op, sizes, dtypes,
+    state, stack...) as one ``ArgBlock``, built once per distinct set of facts; and ("", facts),
+    this rank's own ids and times as ``RankFacts``.
     """
-    own: list[tuple[str, ArgValue]] = [
-        ("op_id", head.op_id),
-        ("record_id", head.record_id),
-        ("time_created_ns", head.time_created_ns),
-    ]
     gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
-    if not gloo:
-        own.append(("time_started_ns", last.time_started_ns if last.time_started_ns else "unknown"))
-        own.append(("time_completed_ns", last.time_completed_ns if last.time_completed_ns else "unknown"))
-        own.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
-    if head.thread_name or head.thread_id:
-        own.append(("thread", f"{head.thread_name} ({head.thread_id})"))
     key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes, head.output_sizes,
            head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms, head.frames, gloo,
            len(entries), head.closed_by is not None)  # fmt: skip
@@ -425,7 +450,7 @@ def op_args(
         block = ArgBlock(tuple(_shared_args(op, entries, head, last, gloo)))
         if blocks is not None:
             blocks[key] = block
-    return [("", block), *own]
+    return [("", block), ("", RankFacts(head, last, not gloo))]
 
 
 def _shared_args(
@@ -498,7 +523,7 @@ def flat_args(args: list[tuple[str, ArgValue]]) -> list[tuple[str, ArgValue]]:
     """Args with shared blocks (``("", block)``) expanded in place."""
     out: list[tuple[str, ArgValue]] = []
     for name, value in args:
-        if isinstance(value, ArgBlock):
+        if isinstance(value, (ArgBlock, RankFacts)):
             out.extend(value.items)
         else:
             out.append((name, value))

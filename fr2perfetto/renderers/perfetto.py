@@ -14,7 +14,7 @@ from typing import IO
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ..timeline import ArgBlock, ArgValue, Slice, Track
+from ..timeline import ArgBlock, ArgValue, RankFacts, Slice, Track
 from .wire import Field, varint
 
 SEQUENCE_ID = 1
@@ -52,6 +52,11 @@ _STR = Field(pb.InternedString.DESCRIPTOR, "str")
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _SMALL_LENGTH = [varint(n) for n in range(128)]
+_LENGTHS = [varint(n) for n in range(16384)]  # a slice packet's length is always below 16 KB
+_NINE_BYTES = 1 << 56  # the smallest number whose varint takes nine bytes
+_TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _NAME_IID_TAG = _TRACE_PACKET.tag, _TRACK_EVENT.tag, _NAME_IID.tag
+_FLOW_TAG, _CORRELATION_TAG = _FLOW.tag, _CORRELATION.tag
+_pack_u64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 
 
@@ -97,6 +102,10 @@ class PerfettoWriter:
         # (arg name, value), or a block of them -> encoded DebugAnnotations, for what repeats
         self._encoded: dict[object, bytes] = {}
         self._arg_prefixes: dict[str, bytes] = {}
+        self._time_heads: dict[str, bytes] = {}
+        self._name_chunks: dict[str, bytes] = {}  # event name -> its encoded name_iid field
+        self._known_facts = self._encoded  # the same cache, read directly where it is hot
+        self._duration_head = b""
         self._new_interned: list[bytes] = []
         self.stats = TraceStats()
         first = pb.TracePacket(trusted_packet_sequence_id=sequence_id)
@@ -195,6 +204,49 @@ class PerfettoWriter:
             return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
         return self._annotation(name, value)
 
+    def _facts(self, facts: RankFacts, start: int, start_bytes: bytes, end: int | None, end_bytes: bytes) -> bytes:
+        """A rank's ids and times, the same annotations as ``facts.items``, without building them.
+
+        The creation and completion times are usually the slice's own start and end, whose varints
+        the caller has already made; ids and threads repeat from rank to rank.
+        """
+        arg, time, known = self._arg, self._time, self._known_facts
+        created = facts.created
+        op_id = known.get(("op_id", facts.op_id)) or arg("op_id", facts.op_id)
+        record_id = known.get(("record_id", facts.record_id)) or arg("record_id", facts.record_id)
+        parts = [op_id, record_id, time("time_created_ns", created, start_bytes if created == start else None)]
+        if facts.timed:
+            started, completed, duration = facts.started, facts.completed, facts.duration_ms
+            parts.append(time("time_started_ns", started) if started else arg("time_started_ns", "unknown"))
+            if completed:
+                parts.append(time("time_completed_ns", completed, end_bytes if completed == end else None))
+            else:
+                parts.append(arg("time_completed_ns", "unknown"))
+            if type(duration) is float:
+                if not self._duration_head:
+                    prefix = self._arg_prefix("duration_ms") + _DOUBLE.tag
+                    self._duration_head = _ANNOTATION.tag + _SMALL_LENGTH[len(prefix) + 8] + prefix
+                parts.append(self._duration_head + _pack_double(duration))
+            else:
+                parts.append(arg("duration_ms", duration if duration is not None else "unknown"))
+        if facts.thread:
+            parts.append(known.get(("thread", facts.thread)) or arg("thread", facts.thread))
+        return b"".join(parts)
+
+    def _time(self, name: str, value: int, encoded: bytes | None = None) -> bytes:
+        """An int annotation for a timestamp (``encoded``: its varint, if known).
+
+        Today's nanosecond clock needs nine varint bytes, so the head of the annotation (tag, length,
+        name, type) is the same for every timestamp of a name.
+        """
+        if not _NINE_BYTES <= value <= _INT64_MAX:
+            return self._arg(name, value)
+        head = self._time_heads.get(name)
+        if head is None:
+            prefix = self._arg_prefix(name) + _INT.tag
+            head = self._time_heads[name] = _ANNOTATION.tag + _SMALL_LENGTH[len(prefix) + 9] + prefix
+        return head + (encoded or varint(value))
+
     def _arg_prefix(self, name: str) -> bytes:
         prefix = self._arg_prefixes.get(name)
         if prefix is None:
@@ -208,34 +260,53 @@ class PerfettoWriter:
         begin, instant = _BEGIN + track, _INSTANT + track
         end_event = _TRACK_EVENT.bytes(_END + track)
         packet_head = self._packet_head
-        event_names = self._event_names
-        arg = self._arg
+        # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
+        end_prefix = _TRACE_PACKET.tag + varint(len(packet_head) + 9 + len(end_event)) + packet_head
+        name_chunks = self._name_chunks
+        arg, block_bytes, facts_bytes = self._arg, self._block, self._facts
+        flow_ids = self.stats.flow_ids
         out: list[bytes] = []
         slice_count = marker_count = 0
         for item in slices:
-            name_iid = event_names.get(item.name) or self._iid(event_names, item.name, _EVENT_NAMES, _NAME)
-            parts = [instant if item.end is None else begin, _NAME_IID.tag, varint(name_iid)]
+            name = name_chunks.get(item.name)
+            if name is None:
+                iid = self._iid(self._event_names, item.name, _EVENT_NAMES, _NAME)
+                name = name_chunks[item.name] = _NAME_IID_TAG + varint(iid)
+            start, end = item.start, item.end
+            start_bytes = varint(start)
+            end_bytes = b"" if end is None else varint(end)
+            parts = [instant if end is None else begin, name]
             for name, value in item.args:
-                # Args that many slices share come as one block, encoded once for all.
-                parts.append(self._block(value) if type(value) is ArgBlock else arg(name, value))  # type: ignore[arg-type]
-            for flow in item.flow_ids:
-                parts.append(_FLOW.fixed64(flow))
+                kind = type(value)
+                if kind is ArgBlock:  # args that many slices share: encoded once for all
+                    parts.append(block_bytes(value))  # type: ignore[arg-type]
+                elif kind is RankFacts:
+                    parts.append(facts_bytes(value, start, start_bytes, end, end_bytes))  # type: ignore[arg-type]
+                else:
+                    parts.append(arg(name, value))
             if item.flow_ids:
-                self.stats.flow_ids.update(item.flow_ids)
+                for flow in item.flow_ids:
+                    parts.append(_FLOW_TAG + _pack_u64(flow))
+                flow_ids.update(item.flow_ids)
             if item.correlation_id is not None:
-                parts.append(_CORRELATION.int(item.correlation_id))
+                parts.append(_CORRELATION_TAG + varint(item.correlation_id))
             event = b"".join(parts)
-            head = packet_head + varint(item.start)
+            head = packet_head + start_bytes
             if self._new_interned:
                 head += _INTERNED.bytes(b"".join(self._new_interned))
                 self._new_interned.clear()
-            packet = head + _TRACK_EVENT.tag + varint(len(event)) + event
-            out.append(_TRACE_PACKET.tag + varint(len(packet)) + packet)
-            if item.end is None:
+            size = len(event)
+            packet = head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event
+            size = len(packet)
+            out.append(_TRACE_PACKET_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + packet)
+            if end is None:
                 marker_count += 1
                 continue
-            packet = packet_head + varint(item.end) + end_event
-            out.append(_TRACE_PACKET.tag + varint(len(packet)) + packet)
+            if len(end_bytes) == 9:
+                out.append(end_prefix + end_bytes + end_event)
+            else:
+                packet = packet_head + end_bytes + end_event
+                out.append(_TRACE_PACKET_TAG + varint(len(packet)) + packet)
             slice_count += 1
         self._out.write(b"".join(out))
         self.stats.slices += slice_count

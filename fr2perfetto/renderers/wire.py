@@ -8,7 +8,6 @@ and the tests parse every trace back with that same schema.
 
 from __future__ import annotations
 
-import functools
 import struct
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -40,18 +39,27 @@ def varint(value: int) -> bytes:
     if value < 1 << 28:
         high = value >> 14
         return _MIDDLE[value & 0x3FFF] + (_SMALL[high] if high < 128 else _LAST[high])
-    return _MIDDLE[value & 0x3FFF] + _MIDDLE[(value >> 14) & 0x3FFF] + _high_groups(value >> 28)
+    high = _HIGH_GROUPS.get(value >> 28)
+    if high is None:
+        high = _high_groups(value >> 28)
+    return _MIDDLE[value & 0x3FFF] + _MIDDLE[(value >> 14) & 0x3FFF] + high
 
 
-@functools.lru_cache(maxsize=4096)
+_HIGH_GROUPS: dict[int, bytes] = {}
+
+
 def _high_groups(value: int) -> bytes:
-    """The varint groups of a value's bits from the 29th on (``value`` is already shifted)."""
+    """The varint groups of a value's bits from the 29th on (``value`` is already shifted); cached."""
+    key = value
     parts = []
     while value >= 1 << 14:
         parts.append(_MIDDLE[value & 0x3FFF])
         value >>= 14
     parts.append(_SMALL[value] if value < 128 else _LAST[value])
-    return b"".join(parts)
+    if len(_HIGH_GROUPS) > 65536:
+        _HIGH_GROUPS.clear()
+    encoded = _HIGH_GROUPS[key] = b"".join(parts)
+    return encoded
 
 
 class Field:
