@@ -20,6 +20,7 @@ from .model import (
     INCOMPLETE,
     MISMATCH,
     MISSING,
+    OK,
     STUCK,
     Entry,
     Finding,
@@ -184,6 +185,7 @@ class Highlights:
     drawn: dict[int, tuple[int, int]] | None = None
     # arg blocks already built, by op and the facts of a rank's entry that go into them
     arg_blocks: dict[tuple[object, ...], ArgBlock] = field(default_factory=dict)
+    titles: dict[int, str] = field(default_factory=dict)  # op key -> its title, made once
 
     def drawn_slices(self, op: MatchedOp) -> int:
         """How many slices the trace holds for ``op`` (markers aside): an op's flow needs two."""
@@ -336,11 +338,15 @@ def _op_slice(
     shared: bool,
     highlights: Highlights,
 ) -> Slice:
-    head = head_entry(entries)
-    last = state_entry(entries)
+    if len(entries) == 1:
+        head = entries[0]  # the common case; it may still be one op of a batch that another entry closes
+        last = head.closed_by or head
+    else:
+        head, last = head_entry(entries), state_entry(entries)
     start = entries[0].time_created_ns
+    status = op.status
     done = last.state == COMPLETED
-    waited = op.status in (MISSING, STUCK) or (op.status == INCOMPLETE and not done)
+    waited = status in (MISSING, STUCK) or (status == INCOMPLETE and not done)
     if last.time_completed_ns:
         end = last.time_completed_ns
     elif waited or tracks_completion(last) or (next_start is None and not last.retired):
@@ -348,16 +354,23 @@ def _op_slice(
     else:
         # No completion time is recorded (gloo); the rank went on to its next op on this group.
         end = next_start if next_start is not None and next_start > start else start + 1_000
-    end = max(end, start + 1)
-    prefix = ""
-    if op.status in (MISSING, MISMATCH, STUCK) or (op.status == INCOMPLETE and not done):
-        prefix = PREFIX[op.status]
-    if op.status == MISMATCH:
-        prefix = f"{prefix}({op.mismatch}) "
+    if end <= start:
+        end = start + 1
+    if op.kind == "p2p":
+        name = op.title_as(head.op)
+    else:
+        name = highlights.titles.get(op.op_key)  # type: ignore[assignment]
+        if name is None:
+            name = highlights.titles[op.op_key] = op.title
+    if status != OK and (status != INCOMPLETE or not done):
+        prefix = PREFIX.get(status, "")
+        if status == MISMATCH:
+            prefix = f"{prefix}({op.mismatch}) "
+        name = prefix + name
     return Slice(
         start=start,
         end=end,
-        name=prefix + (op.title_as(head.op) if op.kind == "p2p" else op.title),
+        name=name,
         args=op_args(op, rank, entries, head, last, highlights.arg_blocks),
         flow_ids=[op.op_key] if shared else [],
         correlation_id=op.op_key if shared else None,

@@ -102,10 +102,9 @@ class PerfettoWriter:
         # (arg name, value), or a block of them -> encoded DebugAnnotations, for what repeats
         self._encoded: dict[object, bytes] = {}
         self._arg_prefixes: dict[str, bytes] = {}
-        self._time_heads: dict[str, bytes] = {}
         self._name_chunks: dict[str, bytes] = {}  # event name -> its encoded name_iid field
-        self._known_facts = self._encoded  # the same cache, read directly where it is hot
-        self._duration_head = b""
+        self._ids: dict[object, bytes] = {}
+        self._fact_heads: tuple[bytes, bytes, bytes, bytes] | None = None
         self._new_interned: list[bytes] = []
         self.stats = TraceStats()
         first = pb.TracePacket(trusted_packet_sequence_id=sequence_id)
@@ -210,42 +209,51 @@ class PerfettoWriter:
         The creation and completion times are usually the slice's own start and end, whose varints
         the caller has already made; ids and threads repeat from rank to rank.
         """
-        arg, time, known = self._arg, self._time, self._known_facts
+        created_head, started_head, completed_head, duration_head = self._fact_heads or self._make_fact_heads()
+        ids = self._ids
+        op_id = ids.get(("op_id", facts.op_id)) or self._id("op_id", facts.op_id)
+        record_id = ids.get(("record_id", facts.record_id)) or self._id("record_id", facts.record_id)
         created = facts.created
-        op_id = known.get(("op_id", facts.op_id)) or arg("op_id", facts.op_id)
-        record_id = known.get(("record_id", facts.record_id)) or arg("record_id", facts.record_id)
-        parts = [op_id, record_id, time("time_created_ns", created, start_bytes if created == start else None)]
+        if created >= _NINE_BYTES:  # the reader keeps every time at most 2**63 - 1
+            parts = [op_id, record_id, created_head, start_bytes if created == start else varint(created)]
+        else:
+            parts = [op_id, record_id, self._arg("time_created_ns", created)]
         if facts.timed:
             started, completed, duration = facts.started, facts.completed, facts.duration_ms
-            parts.append(time("time_started_ns", started) if started else arg("time_started_ns", "unknown"))
-            if completed:
-                parts.append(time("time_completed_ns", completed, end_bytes if completed == end else None))
+            if started and started >= _NINE_BYTES:
+                parts += (started_head, varint(started))
             else:
-                parts.append(arg("time_completed_ns", "unknown"))
+                parts.append(self._arg("time_started_ns", started or "unknown"))
+            if completed and completed >= _NINE_BYTES:
+                parts += (completed_head, end_bytes if completed == end else varint(completed))
+            else:
+                parts.append(self._arg("time_completed_ns", completed or "unknown"))
             if type(duration) is float:
-                if not self._duration_head:
-                    prefix = self._arg_prefix("duration_ms") + _DOUBLE.tag
-                    self._duration_head = _ANNOTATION.tag + _SMALL_LENGTH[len(prefix) + 8] + prefix
-                parts.append(self._duration_head + _pack_double(duration))
+                parts += (duration_head, _pack_double(duration))
             else:
-                parts.append(arg("duration_ms", duration if duration is not None else "unknown"))
+                parts.append(self._arg("duration_ms", duration if duration is not None else "unknown"))
         if facts.thread:
-            parts.append(known.get(("thread", facts.thread)) or arg("thread", facts.thread))
+            parts.append(ids.get(facts.thread) or self._id("thread", facts.thread))
         return b"".join(parts)
 
-    def _time(self, name: str, value: int, encoded: bytes | None = None) -> bytes:
-        """An int annotation for a timestamp (``encoded``: its varint, if known).
+    def _make_fact_heads(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """What precedes the value in a timestamp's (nine-byte varint) or a duration's annotation."""
+        heads = []
+        for name, kind, size in (
+            ("time_created_ns", _INT, 9), ("time_started_ns", _INT, 9), ("time_completed_ns", _INT, 9),
+            ("duration_ms", _DOUBLE, 8),
+        ):  # fmt: skip
+            prefix = self._arg_prefix(name) + kind.tag
+            heads.append(_ANNOTATION.tag + _SMALL_LENGTH[len(prefix) + size] + prefix)
+        self._fact_heads = (heads[0], heads[1], heads[2], heads[3])
+        return self._fact_heads
 
-        Today's nanosecond clock needs nine varint bytes, so the head of the annotation (tag, length,
-        name, type) is the same for every timestamp of a name.
-        """
-        if not _NINE_BYTES <= value <= _INT64_MAX:
-            return self._arg(name, value)
-        head = self._time_heads.get(name)
-        if head is None:
-            prefix = self._arg_prefix(name) + _INT.tag
-            head = self._time_heads[name] = _ANNOTATION.tag + _SMALL_LENGTH[len(prefix) + 9] + prefix
-        return head + (encoded or varint(value))
+    def _id(self, name: str, value: int | str) -> bytes:
+        """An op id, record id or thread: they repeat from rank to rank, so each is encoded once."""
+        chunk = self._annotation(name, value)
+        if len(self._ids) < 1 << 20:  # ids a stranger's dump never repeats must not fill memory
+            self._ids[(name, value) if type(value) is int else value] = chunk
+        return chunk
 
     def _arg_prefix(self, name: str) -> bytes:
         prefix = self._arg_prefixes.get(name)
