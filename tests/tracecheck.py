@@ -16,6 +16,7 @@ class TraceSummary:
     slices: dict[int, list[tuple[int, int, str, dict[str, object]]]] = field(default_factory=lambda: defaultdict(list))
     instants: dict[int, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     flows: Counter[int] = field(default_factory=Counter)
+    sequences: set[int] = field(default_factory=set)  # trusted packet sequence ids
 
     def process_of(self, uuid: int) -> str:
         """Name of the process a track belongs to."""
@@ -44,18 +45,26 @@ def _value(annotation: pb.DebugAnnotation, strings: dict[int, str]) -> object:
 
 
 def read_trace(path: str) -> TraceSummary:
-    """Parse ``path`` and assert: tracks described before use, interned ids defined before use,
+    """Parse ``path`` and assert: tracks described before use, interned ids defined before use (per
+    packet sequence, each starting with cleared state),
     slices balanced and nested per track with time never going back, flows with two ends or more."""
     trace = pb.Trace()
     with open(path, "rb") as f:
         trace.ParseFromString(f.read())
     summary = TraceSummary()
-    event_names: dict[int, str] = {}
-    arg_names: dict[int, str] = {}
-    strings: dict[int, str] = {}
+    # Interned ids are scoped to a packet sequence: each sequence has its own tables.
+    tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
     open_slices: dict[int, list[tuple[int, str, dict[str, object]]]] = defaultdict(list)
     last_time: dict[int, int] = {}
     for packet in trace.packet:
+        sequence = packet.trusted_packet_sequence_id
+        if sequence not in tables:
+            assert packet.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED, (
+                f"sequence {sequence} does not start by clearing its incremental state"
+            )
+            tables[sequence] = ({}, {}, {})
+            summary.sequences.add(sequence)
+        event_names, arg_names, strings = tables[sequence]
         if packet.HasField("interned_data"):
             for item in packet.interned_data.event_names:
                 event_names[item.iid] = item.name

@@ -1,0 +1,61 @@
+"""Reading and writing over several processes gives exactly what one process gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nccl_layout
+
+from .conftest import run_cli
+from .tracecheck import read_trace
+
+
+def _big_job(folder: Path) -> None:
+    """32 ranks (tp 8 x dp 4): enough processes for the trace to be written in parts."""
+    job = nccl_layout.Job(32, nccl_layout.tp_dp_groups(32, 8))
+    tp = [str(n) for n in range(1, 5)]
+    dp = [str(n) for n in range(5, 13)]
+    nccl_layout._train_steps(job, 3, tp=tp, dp=dp)
+    job.send_recv(0, 8)
+    job.batch_send_recv([(1, 9), (9, 1)])
+    job.coalesced("1")
+    job.collective("all_reduce", "0", skip=(13,))
+    job.dump(str(folder), json_ranks=(3,))
+
+
+def _content(path: Path):
+    trace = read_trace(str(path))
+    slices = sorted(
+        (trace.process_of(s[0]), trace.tracks[s[0]][0], *s[1:4], json.dumps(s[4])) for s in trace.all_slices()
+    )
+    instants = sorted((trace.process_of(u), t, n) for u, items in trace.instants.items() for t, n in items)
+    return trace, slices, instants
+
+
+def test_parallel_conversion_matches_a_single_process(tmp_path: Path):
+    folder = tmp_path / "dumps"
+    _big_job(folder)
+    code, _, stderr = run_cli("convert", str(folder), "-o", str(tmp_path / "one.pftrace"), "-j", "1", "-q")
+    assert code == 0, stderr
+    code, _, stderr = run_cli("convert", str(folder), "-o", str(tmp_path / "two.pftrace"), "-j", "2", "-q")
+    assert code == 0, stderr
+    one, one_slices, one_instants = _content(tmp_path / "one.pftrace")
+    two, two_slices, two_instants = _content(tmp_path / "two.pftrace")
+    # the parallel trace really was written in parts, each on its own packet sequence
+    assert len(one.sequences) == 1 and len(two.sequences) > 2
+    assert sorted(two.processes.values()) == sorted(one.processes.values()) and len(one.processes) == 32
+    assert two_slices == one_slices and len(one_slices) > 300
+    assert two_instants == one_instants and [p for p, _, _ in one_instants] == ["rank 13"]
+    assert one_instants[0][2].startswith("✗ NEVER ISSUED all_reduce #")
+    assert two.flows == one.flows
+
+
+def test_parallel_reading_gives_the_same_report(tmp_path: Path):
+    folder = tmp_path / "dumps"
+    _big_job(folder)
+    one = run_cli("analyze", str(folder), "--json", "-j", "1")
+    two = run_cli("analyze", str(folder), "--json", "-j", "2")
+    assert one == two and one[0] == 1
+    report = json.loads(one[1])
+    assert report["verdict"]["culprit_ranks"] == [13]
