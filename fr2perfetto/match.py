@@ -8,6 +8,7 @@ p2p seq), where group means name plus members. Every entry is visited a constant
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from operator import attrgetter
 
 from .job import Job
 from .model import (
@@ -20,9 +21,9 @@ from .model import (
     Entry,
     Group,
     MatchedOp,
+    closes_coalesced_group,
     head_entry,
     majority_op,
-    state_entry,
 )
 
 # Ops whose input sizes must agree on every rank. Others (gather, scatter, all_to_all, p2p) may
@@ -50,6 +51,9 @@ CollectiveKey = tuple[Group, int]
 P2PKey = tuple[Group, int, int, int]
 
 
+_op_of = attrgetter("op")
+
+
 def link_coalesced(job: Job) -> None:
     """Point every op inside a coalesced group at the entry that closes it (``Entry.closed_by``).
 
@@ -58,14 +62,16 @@ def link_coalesced(job: Job) -> None:
     """
     ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
     for dump in job.dumps.values():
+        ops = set(map(_op_of, dump.entries))
+        for op in ops - ends.keys():
+            ends[op] = closes_coalesced_group(op)
+        if not any(ends[op] for op in ops):
+            continue  # most ranks never coalesce: nothing to link
         open_runs: dict[tuple[str, bool, int], list[Entry]] = {}
         for entry in dump.entries:
             seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
             key = (entry.group_name, entry.is_p2p, seq)
-            is_end = ends.get(entry.op)
-            if is_end is None:
-                is_end = ends[entry.op] = entry.is_coalesced_end
-            if is_end:
+            if ends[entry.op]:
                 for inner in open_runs.pop(key, ()):
                     inner.closed_by = entry
             elif open_runs:
@@ -125,8 +131,10 @@ def match_ops(job: Job) -> list[MatchedOp]:
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
-        op.name = majority_op(op.entries)
-        classify(op)
+        alike = _all_alike(op.entries)
+        # When every rank issued the same ops, the first rank's op is the majority's.
+        op.name = head_entry(next(iter(op.entries.values()))).op if alike else majority_op(op.entries)
+        classify(op, alike)
     return ops
 
 
@@ -181,12 +189,17 @@ def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
     return tuple(e.input_dtypes for e in inner)
 
 
-def classify(op: MatchedOp) -> None:
-    """Set ``op.status`` (and the mismatch fields) from the entries each rank holds."""
+def classify(op: MatchedOp, alike: bool | None = None) -> None:
+    """Set ``op.status`` (and the mismatch fields) from the entries each rank holds.
+
+    ``alike``: what ``_all_alike(op.entries)`` says, if the caller knows it already.
+    """
     if op.missing:
         op.status = MISSING
         return
-    if op.kind == "collective" and len(op.entries) > 1 and not _all_alike(op.entries):
+    if alike is None:
+        alike = _all_alike(op.entries)
+    if op.kind == "collective" and len(op.entries) > 1 and not alike:
         for what in ("op", "size", "dtype"):
             if what == "size" and op.name not in SAME_SIZE_OPS:
                 continue
@@ -204,11 +217,15 @@ def classify(op: MatchedOp) -> None:
             op.status, op.mismatch = MISMATCH, "size" if len(sizes) > 1 else "dtype"
             op.mismatch_ranks = ()
             return
-    states = [state_entry(entries) for entries in op.entries.values()]
-    pending = [e for e in states if e.state != COMPLETED and tracks_completion(e)]
+    pending = 0
+    for entries in op.entries.values():
+        last = entries[-1]
+        last = last.closed_by or last  # the state of a coalesced group is on its closing entry
+        if last.state != COMPLETED and tracks_completion(last):
+            pending += 1
     if not pending:
         op.status = OK  # done, or nothing says otherwise: gloo records no completion
-    elif len(pending) == len(states) and not op.unknown:
+    elif pending == len(op.entries) and not op.unknown:
         op.status = STUCK  # everyone is in it and nobody came out
     else:
         op.status = INCOMPLETE

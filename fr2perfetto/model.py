@@ -64,7 +64,12 @@ class Entry:
     @property
     def is_coalesced_end(self) -> bool:
         """True for the entry that closes a coalesced group (``nccl:coalesced``, ``*_coalesced``)."""
-        return self.op == "coalesced" or self.op.endswith("_coalesced")
+        return closes_coalesced_group(self.op)
+
+
+def closes_coalesced_group(op: str) -> bool:
+    """Whether an op of this name closes a coalesced group (``coalesced``, ``allreduce_coalesced``...)."""
+    return op == "coalesced" or op.endswith("_coalesced")
 
 
 @dataclass(slots=True)
