@@ -2,7 +2,8 @@
 
 For each size (ranks x entries) it generates NCCL-layout dumps once (``bench/generate.py``, cached
 under ``bench-data/``), then runs each stage as a whole process, in one run, and measures wall time and
-peak memory (resident memory of the process and all its children, sampled every 20 ms):
+peak memory (proportional set size of the process and all its children, sampled every 20 ms, so
+that memory a forked writer shares with its parent counts once):
 
 - ``unpickle``: ``pickle.load`` of every file, nothing else (the floor);
 - ``analyze``: ``fr2perfetto analyze DIR --json``;
@@ -33,8 +34,20 @@ BIN = Path(sys.executable).parent
 UNPICKLE = "import pickle, glob, sys\nfor f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and all its descendants."""
+def _memory(pid: int, rss_pages: int, page: int) -> int:
+    """Proportional set size of ``pid`` (pages shared with a forked parent count once in all); else RSS."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss_pages * page
+
+
+def _tree_memory(root: int) -> int:
+    """Memory of ``root`` and all its descendants."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -45,26 +58,27 @@ def _tree_rss(root: int) -> int:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             pid, ppid = int(entry), int(fields[1])
-            rss[pid] = int(fields[21]) * page
+            rss[pid] = int(fields[21])
             children.setdefault(ppid, []).append(pid)
         except (OSError, ValueError, IndexError):
             continue
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        if pid in rss:
+            total += _memory(pid, rss[pid], page)
         todo.extend(children.get(pid, ()))
     return total
 
 
 def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
-    """Run ``command``; return (wall seconds, peak tree RSS in bytes, exit code; -1 if it crashed)."""
+    """Run ``command``; return (wall seconds, peak memory of its process tree in bytes, exit code; -1: crashed)."""
     with tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
         peak = 0
         while process.poll() is None:
-            peak = max(peak, _tree_rss(process.pid))
+            peak = max(peak, _tree_memory(process.pid))
             if time.perf_counter() - start > timeout:
                 process.kill()
                 process.wait()

@@ -187,12 +187,6 @@ class Highlights:
     arg_blocks: dict[tuple[object, ...], ArgBlock] = field(default_factory=dict)
     titles: dict[int, str] = field(default_factory=dict)  # op key -> its title, made once
 
-    def drawn_slices(self, op: MatchedOp) -> int:
-        """How many slices the trace holds for ``op`` (markers aside): an op's flow needs two."""
-        if self.drawn is None:
-            return len(op.entries)
-        return self.drawn.get(op.op_key, (0, 0))[0]
-
 
 def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
     """Per op key, the (slices, markers) a folded ``view`` draws: one per shown rank that has it."""
@@ -316,16 +310,22 @@ def _group_slices(
     items.sort(key=lambda item: item[1][0].time_created_ns if item[1] else item[0].first_time_ns)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
     slices: list[Slice] = []
+    finding_flows = highlights.finding_flows
+    drawn = highlights.drawn
     next_index = 0
     for op, entries in items:
         if not entries:
             slices.append(_never_issued_marker(op, rank))
-            slices[-1].flow_ids.extend(highlights.finding_flows.get(op.op_key, ()))
+            slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
             continue
         next_index += 1
         next_start = starts[next_index] if next_index < len(starts) else None
-        slices.append(_op_slice(op, rank, entries, span, next_start, highlights.drawn_slices(op) > 1, highlights))
-        slices[-1].flow_ids.extend(highlights.finding_flows.get(op.op_key, ()))
+        # An op's flow needs two drawn slices.
+        shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
+        item = _op_slice(op, rank, entries, span, next_start, shared, highlights)
+        if finding_flows:
+            item.flow_ids.extend(finding_flows.get(op.op_key, ()))
+        slices.append(item)
     return slices
 
 
@@ -457,7 +457,7 @@ def op_args(
     gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
     key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes, head.output_sizes,
            head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms, head.frames, gloo,
-           len(entries), head.closed_by is not None)  # fmt: skip
+           tuple(e.op for e in entries) if len(entries) > 1 else None, head.closed_by is not None)  # fmt: skip
     block = blocks.get(key) if blocks is not None else None
     if block is None:
         block = ArgBlock(tuple(_shared_args(op, entries, head, last, gloo)))
