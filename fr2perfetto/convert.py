@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import IO
 
@@ -142,6 +143,8 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
                     with open(part_path, "rb") as part:
                         shutil.copyfileobj(part, out, 1 << 20)
                     os.unlink(part_path)
+        except BrokenProcessPool:
+            raise OSError("a writing process died (out of memory?); try -j 1 or a smaller --max-size") from None
         finally:
             _forked_scene = None
 

@@ -393,12 +393,13 @@ def rule_straggler(evidence: Evidence) -> list[Finding]:
     for op in evidence.ops:
         if op.kind != "collective" or len(op.entries) < 3:
             continue
-        created = {rank: entries[0].time_created_ns for rank, entries in op.entries.items()}
-        middle = statistics.median(created.values())
+        created = [entries[0].time_created_ns for entries in op.entries.values()]
+        middle = statistics.median(created)
         considered += 1
-        latest = max(created, key=lambda r: created[r])
+        latest_time = max(created)
+        latest = list(op.entries)[created.index(latest_time)]  # the first rank to be that late
         last_count[latest] += 1
-        lags[latest].append(int(created[latest] - middle))
+        lags[latest].append(int(latest_time - middle))
     findings = []
     if considered < STRAGGLER_MIN_OPS:
         return findings

@@ -142,19 +142,26 @@ def _fold_ranks(
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Collapse ranks whose shown ops are the same sequence (by group kind, seq, op and outcome)."""
     shown_set = set(shown)
-    signatures: dict[int, list[tuple[object, ...]]] = {r: [] for r in shown}
+    # Each distinct (op shape, state) is a number; a rank's signature is its sequence of numbers.
+    tokens: dict[tuple[object, ...], int] = {}
+    signatures: dict[int, list[int]] = {r: [] for r in shown}
     for op in ops:
         if groups is not None and op.group not in groups:
             continue
         if op.first_time_ns < cutoffs.get(op.group, -1):
             continue
         shape = (op.group.desc, len(op.group.members), op.kind, op.seq, op.name, op.status)
+        by_state: dict[str, int] = {}
         for rank, entries in op.entries.items():
             if rank in shown_set:
-                signatures[rank].append((*shape, state_entry(entries).state))
+                state = state_entry(entries).state
+                token = by_state.get(state)
+                if token is None:
+                    token = by_state[state] = tokens.setdefault((*shape, state), len(tokens))
+                signatures[rank].append(token)
         for rank in op.missing:
             if rank in shown_set:
-                signatures[rank].append((*shape, "never issued"))
+                signatures[rank].append(tokens.setdefault((*shape, "never issued"), len(tokens)))
     classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
     for rank in shown:
         key: tuple[object, ...] = (

@@ -10,6 +10,7 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
@@ -102,11 +103,17 @@ def read_files(
                 progress(1)
             yield result
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for packed in pool.map(_read_packed, paths, chunksize=max(1, min(16, len(paths) // (jobs * 8)))):
-            if progress:
-                progress(1)
-            yield _unpack(packed)
+    done = 0
+    try:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for packed in pool.map(_read_packed, paths, chunksize=max(1, min(16, len(paths) // (jobs * 8)))):
+                done += 1
+                if progress:
+                    progress(1)
+                yield _unpack(packed)
+    except BrokenProcessPool:
+        # A reading process died (the system ran out of memory, or it was killed): read the rest here.
+        yield from read_files(paths[done:], 1, progress)
 
 
 def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> Job:

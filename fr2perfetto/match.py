@@ -116,31 +116,68 @@ def match_ops(job: Job) -> list[MatchedOp]:
                 span[0] = entry.collective_seq
 
     ops: list[MatchedOp] = []
+    scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
     for (group, seq), entries in collectives.items():
-        op = MatchedOp(group=group, kind="collective", seq=seq, entries=entries, first_time_ns=_first_time(entries))
+        first_time, alike, pending = _scan(entries)
+        op = MatchedOp(group=group, kind="collective", seq=seq, entries=entries, first_time_ns=first_time)
         _find_absent(op, job, covered)
         ops.append(op)
+        scans[id(op)] = (alike, pending)
     for (group, src, dst, seq), entries in p2p.items():
-        op = MatchedOp(
-            group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst), first_time_ns=_first_time(entries)
-        )
+        first_time, alike, pending = _scan(entries)
+        op = MatchedOp(group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst), first_time_ns=first_time)
         absent = [r for r in (src, dst) if r not in entries]
         op.missing = tuple(r for r in absent if r in job.dumps)
         op.unknown = tuple(r for r in absent if r not in job.dumps)
         ops.append(op)
+        scans[id(op)] = (alike, pending)
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
-        alike = _all_alike(op.entries)
+        alike, pending = scans[id(op)]
         # When every rank issued the same ops, the first rank's op is the majority's.
         op.name = head_entry(next(iter(op.entries.values()))).op if alike else majority_op(op.entries)
-        classify(op, alike)
+        classify(op, alike, pending)
     return ops
 
 
-def _first_time(entries: dict[int, list[Entry]]) -> int:
-    """When the first rank enqueued the op: computed once, read by every later stage."""
-    return min(e[0].time_created_ns for e in entries.values())
+def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int]:
+    """One pass over an op's entries: when the first rank enqueued it, whether every rank issued the
+    same ops with the same sizes and dtypes, and how many ranks have not completed it.
+
+    At thousands of ranks, reaching each entry in memory costs more than what is done with it, so
+    everything the matcher needs of the entries is taken in this one visit.
+    """
+    first_time = -1
+    alike = True
+    reference: Entry | tuple[object, ...] | None = None
+    pending = 0
+    for entries in entries_by_rank.values():
+        head = entries[0]
+        created = head.time_created_ns
+        if created < first_time or first_time < 0:
+            first_time = created
+        if len(entries) == 1:
+            last = head.closed_by or head
+            if reference is None:
+                reference = head
+            elif alike and (
+                type(reference) is tuple
+                or head.op != reference.op  # type: ignore[union-attr]
+                or head.input_sizes != reference.input_sizes  # type: ignore[union-attr]
+                or head.input_dtypes != reference.input_dtypes  # type: ignore[union-attr]
+            ):
+                alike = False
+        else:
+            last = entries[-1].closed_by or entries[-1]
+            signature = tuple((e.op, e.input_sizes, e.input_dtypes) for e in entries)
+            if reference is None:
+                reference = signature
+            elif signature != reference:
+                alike = False
+        if last.state != COMPLETED and tracks_completion(last):
+            pending += 1
+    return first_time, alike, pending
 
 
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
@@ -164,22 +201,6 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
     op.missing, op.unknown = tuple(missing), tuple(unknown)
 
 
-def _all_alike(entries_by_rank: dict[int, list[Entry]]) -> bool:
-    """Whether every rank issued the same ops with the same sizes and dtypes (the common case, checked fast)."""
-    first: object = None
-    for entries in entries_by_rank.values():
-        if len(entries) == 1:
-            e = entries[0]
-            signature: object = (e.op, e.input_sizes, e.input_dtypes)
-        else:
-            signature = tuple((e.op, e.input_sizes, e.input_dtypes) for e in entries)
-        if first is None:
-            first = signature
-        elif signature != first:
-            return False
-    return True
-
-
 def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
     inner = [e for e in entries if not e.is_coalesced_end] or entries
     if what == "op":
@@ -189,16 +210,16 @@ def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
     return tuple(e.input_dtypes for e in inner)
 
 
-def classify(op: MatchedOp, alike: bool | None = None) -> None:
+def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = None) -> None:
     """Set ``op.status`` (and the mismatch fields) from the entries each rank holds.
 
-    ``alike``: what ``_all_alike(op.entries)`` says, if the caller knows it already.
+    ``alike`` and ``pending``: what ``_scan(op.entries)`` says, if the caller knows it already.
     """
+    if alike is None or pending is None:
+        _, alike, pending = _scan(op.entries)
     if op.missing:
         op.status = MISSING
         return
-    if alike is None:
-        alike = _all_alike(op.entries)
     if op.kind == "collective" and len(op.entries) > 1 and not alike:
         for what in ("op", "size", "dtype"):
             if what == "size" and op.name not in SAME_SIZE_OPS:
@@ -217,12 +238,6 @@ def classify(op: MatchedOp, alike: bool | None = None) -> None:
             op.status, op.mismatch = MISMATCH, "size" if len(sizes) > 1 else "dtype"
             op.mismatch_ranks = ()
             return
-    pending = 0
-    for entries in op.entries.values():
-        last = entries[-1]
-        last = last.closed_by or last  # the state of a coalesced group is on its closing entry
-        if last.state != COMPLETED and tracks_completion(last):
-            pending += 1
     if not pending:
         op.status = OK  # done, or nothing says otherwise: gloo records no completion
     elif pending == len(op.entries) and not op.unknown:

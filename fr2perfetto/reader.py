@@ -477,6 +477,13 @@ def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> Entry | None:
     for container in values[9:13]:
         if type(container) is not list and type(container) is not tuple:
             return None
+    # True == 1 as a dict key: only the exact types PyTorch writes may share a remembered shape.
+    retired, is_p2p, timeout, thread_id, thread_name = values[17:22]
+    if not (
+        type(retired) is bool and type(is_p2p) is bool and type(timeout) is int
+        and type(thread_id) is str and type(thread_name) is str
+    ):  # fmt: skip
+        return None
     shape_key = values[_SHAPE_KEYS]
     try:
         shape = caches.shapes.get(shape_key)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import nccl_layout
+
+from fr2perfetto import convert as convert_module
+from fr2perfetto import job as job_module
 
 from .conftest import run_cli
 from .tracecheck import read_trace
@@ -59,3 +63,38 @@ def test_parallel_reading_gives_the_same_report(tmp_path: Path):
     assert one == two and one[0] == 1
     report = json.loads(one[1])
     assert report["verdict"]["culprit_ranks"] == [13]
+
+
+_real_read, _real_write = job_module._read_packed, convert_module._write_part
+
+
+# Module-level stand-ins for the workers' functions (tasks reach a worker pickled, by name), each
+# killing its process on one task, as the kernel's out-of-memory killer would.
+def _read_or_die(path: str):
+    if path.endswith("nccl_trace_rank_20"):
+        os._exit(9)
+    return _real_read(path)
+
+
+def _write_or_die(task):
+    if task[2].endswith("part1"):
+        os._exit(9)
+    return _real_write(task)
+
+
+def test_a_reading_process_that_dies_costs_no_dump(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "dumps"
+    _big_job(folder)
+    monkeypatch.setattr(job_module, "_read_packed", _read_or_die)
+    job = job_module.load_job([str(folder)], jobs=2)
+    assert sorted(job.dumps) == list(range(32)) and not job.problems
+
+
+def test_a_writing_process_that_dies_is_one_line_and_no_trace(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "dumps"
+    _big_job(folder)
+    monkeypatch.setattr(convert_module, "_write_part", _write_or_die)
+    out = tmp_path / "t.pftrace"
+    code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "2", "-q")
+    assert code == 2 and not out.exists()
+    assert stderr.strip().count("\n") == 0 and "a writing process died" in stderr and "Traceback" not in stderr
