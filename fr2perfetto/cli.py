@@ -184,7 +184,8 @@ def open_command(
 @app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
 def info(inputs: Inputs, jobs: Jobs = 0) -> None:
     """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges."""
-    job = _load(inputs, jobs, True)
+    with gc_paused():
+        job = _load(inputs, jobs, True)
     all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
     day = _clock(min(all_times))[:10] if all_times else ""
     ranks = Table(title=f"{len(job.dumps)} dumps, {len(job.ranks)} ranks {day}", title_justify="left")
