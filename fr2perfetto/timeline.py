@@ -40,7 +40,7 @@ class ArgBlock:
 
     def __init__(self, items: tuple[tuple[str, ArgValue], ...]) -> None:
         self.items = items
-        self.encoded: tuple[int, bytes] | None = None  # (packet sequence, bytes): set by the Perfetto writer
+        self.encoded: tuple[object, bytes] | None = None  # (writer's token, bytes): set by the Perfetto writer
 
 
 class RankFacts:

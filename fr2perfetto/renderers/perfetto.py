@@ -93,6 +93,7 @@ class PerfettoWriter:
     def __init__(self, out: IO[bytes], sequence_id: int = SEQUENCE_ID) -> None:
         self._out = out
         self._sequence_id = sequence_id
+        self._token = object()  # marks what this writer encoded: iids mean nothing to another writer
         self._sequence = Field(_P, "trusted_packet_sequence_id").int(sequence_id)
         # Every slice packet starts with these fields; only the timestamp's value follows.
         self._packet_head = self._sequence + _NEEDS_STATE + _TIMESTAMP.tag
@@ -179,10 +180,10 @@ class PerfettoWriter:
         return _STRING.int(self._iid(self._strings, text, _STRINGS, _STR))
 
     def _block(self, block: ArgBlock) -> bytes:
-        """A shared block's annotations, encoded once per writer (iids belong to the writer)."""
+        """A shared block's annotations, encoded once per writer (the iids in them are the writer's)."""
         encoded = block.encoded
-        if encoded is None or encoded[0] != self._sequence_id:
-            encoded = block.encoded = (self._sequence_id, b"".join(self._arg(n, v) for n, v in block.items))
+        if encoded is None or encoded[0] is not self._token:
+            encoded = block.encoded = (self._token, b"".join(self._arg(n, v) for n, v in block.items))
         return encoded[1]
 
     def _arg(self, name: str, value: ArgValue) -> bytes:
