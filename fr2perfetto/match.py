@@ -24,6 +24,7 @@ from .model import (
     closes_coalesced_group,
     head_entry,
     majority_op,
+    state_entry,
 )
 
 # Ops whose input sizes must agree on every rank. Others (gather, scatter, all_to_all, p2p) may
@@ -158,7 +159,6 @@ def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int]:
         if created < first_time or first_time < 0:
             first_time = created
         if len(entries) == 1:
-            last = head.closed_by or head
             if reference is None:
                 reference = head
             elif alike and (
@@ -169,12 +169,12 @@ def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int]:
             ):
                 alike = False
         else:
-            last = entries[-1].closed_by or entries[-1]
             signature = tuple((e.op, e.input_sizes, e.input_dtypes) for e in entries)
             if reference is None:
                 reference = signature
             elif signature != reference:
                 alike = False
+        last = state_entry(entries)
         if last.state != COMPLETED and tracks_completion(last):
             pending += 1
     return first_time, alike, pending

@@ -191,7 +191,7 @@ def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
     """The op name most ranks issued (ties: the alphabetically last, so that it is stable)."""
     counts: dict[str, int] = {}
     for entries in entries_by_rank.values():
-        op = entries[0].op if len(entries) == 1 else head_entry(entries).op
+        op = head_entry(entries).op
         counts[op] = counts.get(op, 0) + 1
     if len(counts) == 1:
         return next(iter(counts))
@@ -200,6 +200,8 @@ def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
 
 def head_entry(entries: list[Entry]) -> Entry:
     """The entry that names a rank's part in an op: the first op of a coalesced group."""
+    if len(entries) == 1:
+        return entries[0]  # the common case, asked for once per entry of a job
     for entry in entries:
         if not entry.is_coalesced_end:
             return entry

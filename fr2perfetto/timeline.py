@@ -338,11 +338,7 @@ def _op_slice(
     shared: bool,
     highlights: Highlights,
 ) -> Slice:
-    if len(entries) == 1:
-        head = entries[0]  # the common case; it may still be one op of a batch that another entry closes
-        last = head.closed_by or head
-    else:
-        head, last = head_entry(entries), state_entry(entries)
+    head, last = head_entry(entries), state_entry(entries)
     start = entries[0].time_created_ns
     status = op.status
     done = last.state == COMPLETED

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import IO
 
-from ..timeline import ArgBlock, ArgValue, RankFacts, Slice, Track, flat_args
+from ..timeline import ArgValue, Slice, Track, flat_args
 from .perfetto import TraceStats
 
 FINDINGS_PID = 0
@@ -22,8 +22,6 @@ FINDINGS_PID = 0
 def _json_value(value: ArgValue) -> object:
     if isinstance(value, tuple):
         return [_json_value(v) for v in value]
-    if isinstance(value, (ArgBlock, RankFacts)):
-        return {n: _json_value(v) for n, v in value.items}
     return value
 
 

@@ -155,16 +155,10 @@ class PerfettoWriter:
         return iid
 
     def _annotation(self, name: str, value: ArgValue) -> bytes:
-        if isinstance(value, bool):
-            body = _BOOL.int(int(value))
-        elif isinstance(value, int):
-            body = _INT.int(value) if _INT64_MIN <= value <= _INT64_MAX else self._string(str(value))
-        elif isinstance(value, float):
-            body = _DOUBLE.double(value)
-        elif isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)):
             body = b"".join(_ARRAY.bytes(self._value(item)) for item in value)
         else:
-            body = self._string(value)
+            body = self._value(value)
         return _ANNOTATION.bytes(_ARG_NAME.int(self._iid(self._arg_names, name, _ARG_NAMES, _NAME)) + body)
 
     def _value(self, value: ArgValue) -> bytes:
