@@ -23,6 +23,7 @@ from .model import (
     Group,
     MatchedOp,
     head_entry,
+    inner_entries,
     ranks_label,
     state_entry,
 )
@@ -244,7 +245,7 @@ def rule_mismatch(evidence: Evidence) -> list[Finding]:
         kind = MISMATCH_KINDS[op.mismatch]
         values = {}
         for rank, entries in sorted(op.entries.items()):
-            inner = [e for e in entries if not e.is_coalesced_end] or entries
+            inner = inner_entries(entries)
             if op.mismatch == "op":
                 values[rank] = ", ".join(e.op for e in inner)
             elif op.mismatch == "size":

@@ -23,6 +23,7 @@ from .model import (
     MatchedOp,
     closes_coalesced_group,
     head_entry,
+    inner_entries,
     majority_op,
     state_entry,
 )
@@ -202,7 +203,7 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
 
 
 def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
-    inner = [e for e in entries if not e.is_coalesced_end] or entries
+    inner = inner_entries(entries)
     if what == "op":
         return tuple(e.op for e in inner)
     if what == "size":

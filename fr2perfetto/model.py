@@ -208,6 +208,11 @@ def head_entry(entries: list[Entry]) -> Entry:
     return entries[0]
 
 
+def inner_entries(entries: list[Entry]) -> list[Entry]:
+    """The ops a rank issued as its part: a coalesced group's ops without its closing entry."""
+    return [e for e in entries if not e.is_coalesced_end] or entries
+
+
 def state_entry(entries: list[Entry]) -> Entry:
     """The entry that carries a rank's state: the closing entry of a coalesced group, if any."""
     last = entries[-1]
