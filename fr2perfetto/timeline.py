@@ -10,6 +10,7 @@ import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Union
 
 from .fold import View, full_view
@@ -33,52 +34,32 @@ from .model import (
 )
 
 
-class ArgBlock:
-    """Args that many slices share (most ranks of one op), built once and encoded once by a writer."""
+class SliceLook:
+    """What the slices of one op share on every rank that issued it alike: name, args, flows.
 
-    __slots__ = ("encoded", "items")
+    Built once per op (and per variant, when ranks differ in state or stack), so a writer encodes
+    it once for thousands of slices; ``encoded`` is the writer's cache.
+    """
 
-    def __init__(self, items: tuple[tuple[str, ArgValue], ...]) -> None:
-        self.items = items
+    __slots__ = ("args", "correlation_id", "encoded", "flow_ids", "name", "timed")
+
+    def __init__(
+        self,
+        name: str,
+        args: tuple[tuple[str, ArgValue], ...],
+        flow_ids: tuple[int, ...] = (),
+        correlation_id: int | None = None,
+        timed: bool = True,
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.flow_ids = flow_ids
+        self.correlation_id = correlation_id
+        self.timed = timed  # False: the backend records no start or completion (gloo)
         self.encoded: tuple[object, bytes] | None = None  # (writer's token, bytes): set by the Perfetto writer
 
 
-class RankFacts:
-    """The facts of one rank's entry that no other slice shares (ids and times), in a fixed layout.
-
-    A slice has one of these instead of seven named args, so that writers can encode them in one go.
-    ``items`` lists them as named values.
-    """
-
-    __slots__ = ("completed", "created", "duration_ms", "op_id", "record_id", "started", "thread", "timed")
-
-    def __init__(self, head: Entry, last: Entry, timed: bool) -> None:
-        self.op_id = head.op_id
-        self.record_id = head.record_id
-        self.created = head.time_created_ns
-        self.timed = timed  # False: the backend records no start or completion (gloo)
-        self.started = last.time_started_ns
-        self.completed = last.time_completed_ns
-        self.duration_ms = last.duration_ms
-        self.thread = f"{head.thread_name} ({head.thread_id})" if head.thread_name or head.thread_id else ""
-
-    @property
-    def items(self) -> list[tuple[str, ArgValue]]:
-        out: list[tuple[str, ArgValue]] = [
-            ("op_id", self.op_id),
-            ("record_id", self.record_id),
-            ("time_created_ns", self.created),
-        ]
-        if self.timed:
-            out.append(("time_started_ns", self.started or "unknown"))
-            out.append(("time_completed_ns", self.completed or "unknown"))
-            out.append(("duration_ms", self.duration_ms if self.duration_ms is not None else "unknown"))
-        if self.thread:
-            out.append(("thread", self.thread))
-        return out
-
-
-ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...], ArgBlock, RankFacts]  # noqa: UP007 - a recursive alias
+ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...]]  # noqa: UP007 - a recursive alias
 
 # Name prefixes that make a problem stand out in the timeline (and in a search box).
 PREFIX = {
@@ -96,14 +77,59 @@ PID_BASE = 100_000  # pid 0 means the idle process to trace tools, so ranks get 
 
 @dataclass(slots=True)
 class Slice:
-    """A slice (start < end) or, when ``end`` is None, an instant marker."""
+    """A slice (start < end) or, when ``end`` is None, an instant marker.
+
+    ``head`` and ``last``: the rank's entries whose ids and times the slice shows besides its
+    look's args (the entry that names the op and the one that carries its state); None for
+    slices that stand for no single entry (findings, markers, summaries).
+    """
 
     start: int
     end: int | None
-    name: str
-    args: list[tuple[str, ArgValue]]
-    flow_ids: list[int] = field(default_factory=list)
-    correlation_id: int | None = None
+    look: SliceLook
+    head: Entry | None = None
+    last: Entry | None = None
+
+    @property
+    def name(self) -> str:
+        return self.look.name
+
+    @property
+    def flow_ids(self) -> tuple[int, ...]:
+        return self.look.flow_ids
+
+    @property
+    def correlation_id(self) -> int | None:
+        return self.look.correlation_id
+
+    @property
+    def args(self) -> list[tuple[str, ArgValue]]:
+        """Every arg: the look's, then the rank's own ids and times."""
+        args = list(self.look.args)
+        if self.head is not None and self.last is not None:
+            args += rank_facts(self.head, self.last, self.look.timed)
+        return args
+
+
+def rank_facts(head: Entry, last: Entry, timed: bool) -> list[tuple[str, ArgValue]]:
+    """The facts of one rank's entry that no other slice shares: its ids and times."""
+    out: list[tuple[str, ArgValue]] = [
+        ("op_id", head.op_id),
+        ("record_id", head.record_id),
+        ("time_created_ns", head.time_created_ns),
+    ]
+    if timed:
+        out.append(("time_started_ns", last.time_started_ns or "unknown"))
+        out.append(("time_completed_ns", last.time_completed_ns or "unknown"))
+        out.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
+    if head.thread_name or head.thread_id:
+        out.append(("thread", thread_label(head)))
+    return out
+
+
+def thread_label(entry: Entry) -> str:
+    """``name (id)`` of the thread that issued an entry."""
+    return f"{entry.thread_name} ({entry.thread_id})"
 
 
 @dataclass(slots=True)
@@ -138,17 +164,24 @@ class TimeSpan:
 
 def time_span(job: Job) -> TimeSpan:
     """First and last timestamps of any entry, with a margin after the last one."""
-    first, last = None, None
+    firsts, lasts = [], []
     for dump in job.dumps.values():
-        for e in dump.entries:
-            t0 = e.time_created_ns
-            t1 = max(t0, e.time_started_ns or 0, e.time_completed_ns or 0)
-            first = t0 if first is None or t0 < first else first
-            last = t1 if last is None or t1 > last else last
-    if first is None or last is None:
+        if dump.entries:
+            # One pass per field, in C: this visits every entry of the job.
+            created = list(map(_created, dump.entries))
+            firsts.append(min(created))
+            lasts.append(max(created))
+            lasts.extend(max(filter(None, map(getter, dump.entries)), default=0) for getter in (_started, _completed))
+    if not firsts:
         return TimeSpan(0, 1_000_000)
+    first, last = min(firsts), max(lasts)
     margin = max((last - first) // 20, 1_000_000)
     return TimeSpan(first, last + margin)
+
+
+_created = attrgetter("time_created_ns")
+_started = attrgetter("time_started_ns")
+_completed = attrgetter("time_completed_ns")
 
 
 def rank_uuid(rank: int) -> int:
@@ -183,9 +216,8 @@ class Highlights:
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
-    # arg blocks already built, by op and the facts of a rank's entry that go into them
-    arg_blocks: dict[tuple[object, ...], ArgBlock] = field(default_factory=dict)
-    titles: dict[int, str] = field(default_factory=dict)  # op key -> its title, made once
+    # looks already built, by op and the facts of a rank's entries that go into them (see op_look)
+    looks: dict[tuple[object, ...], SliceLook] = field(default_factory=dict)
 
 
 def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
@@ -276,8 +308,10 @@ def rank_timeline(
         summary = Slice(
             min(starts),
             max(cutoffs[group], min(starts) + 1),
-            f"… {len(starts)} earlier ops (folded)",
-            [("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")],
+            SliceLook(
+                f"… {len(starts)} earlier ops (folded)",
+                (("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")),
+            ),
         )
         by_group.setdefault(group, []).insert(0, summary)
     tracks = [process]
@@ -303,74 +337,75 @@ def rank_timeline(
     return RankTimeline(rank, tracks)
 
 
+def _first_created(item: tuple[MatchedOp, list[Entry]]) -> int:
+    op, entries = item
+    return entries[0].time_created_ns if entries else op.first_time_ns
+
+
 def _group_slices(
     rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights
 ) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
-    items.sort(key=lambda item: item[1][0].time_created_ns if item[1] else item[0].first_time_ns)
+    items.sort(key=_first_created)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
     slices: list[Slice] = []
-    finding_flows = highlights.finding_flows
-    drawn = highlights.drawn
+    looks = highlights.looks
+    end_of_trace = span.end
     next_index = 0
     for op, entries in items:
         if not entries:
-            slices.append(_never_issued_marker(op, rank))
-            slices[-1].flow_ids.extend(finding_flows.get(op.op_key, ()))
+            slices.append(_never_issued_marker(op, highlights))
             continue
         next_index += 1
-        next_start = starts[next_index] if next_index < len(starts) else None
-        # An op's flow needs two drawn slices.
-        shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
-        item = _op_slice(op, rank, entries, span, next_start, shared, highlights)
-        if finding_flows:
-            item.flow_ids.extend(finding_flows.get(op.op_key, ()))
-        slices.append(item)
+        start = entries[0].time_created_ns
+        head, last = head_entry(entries), state_entry(entries)
+        if last.time_completed_ns:
+            end = last.time_completed_ns
+        else:
+            status = op.status
+            if (
+                status in (MISSING, STUCK) or (status == INCOMPLETE and last.state != COMPLETED)
+                or tracks_completion(last) or (next_index == len(starts) and not last.retired)
+            ):  # fmt: skip
+                end = end_of_trace  # it never completed: draw it to the end of the trace
+            else:
+                # No completion time is recorded (gloo); the rank went on to its next op on this group.
+                next_start = starts[next_index] if next_index < len(starts) else start
+                end = next_start if next_start > start else start + 1_000
+        if end <= start:
+            end = start + 1
+        key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes,
+               head.output_sizes, head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms,
+               head.frames, last.backend, last.time_started_ns is None, last.time_completed_ns is None,
+               head.closed_by is not None,
+               tuple(e.profiling_name for e in entries) if len(entries) > 1 else None)  # fmt: skip
+        look = looks.get(key)
+        if look is None:
+            look = looks[key] = op_look(op, entries, head, last, highlights)
+        slices.append(Slice(start, end, look, head, last))
     return slices
 
 
-def _op_slice(
-    op: MatchedOp,
-    rank: int,
-    entries: list[Entry],
-    span: TimeSpan,
-    next_start: int | None,
-    shared: bool,
-    highlights: Highlights,
-) -> Slice:
-    head, last = head_entry(entries), state_entry(entries)
-    start = entries[0].time_created_ns
+def op_look(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highlights: Highlights) -> SliceLook:
+    """The look of a rank's slice for ``op``: its name, the facts the op's ranks share, its flows.
+
+    The caller keys it by every field of ``head`` and ``last`` that goes into it, so that the
+    ranks that issued an op alike share one look.
+    """
+    gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
     status = op.status
-    done = last.state == COMPLETED
-    waited = status in (MISSING, STUCK) or (status == INCOMPLETE and not done)
-    if last.time_completed_ns:
-        end = last.time_completed_ns
-    elif waited or tracks_completion(last) or (next_start is None and not last.retired):
-        end = span.end  # it never completed: draw it to the end of the trace
-    else:
-        # No completion time is recorded (gloo); the rank went on to its next op on this group.
-        end = next_start if next_start is not None and next_start > start else start + 1_000
-    if end <= start:
-        end = start + 1
-    if op.kind == "p2p":
-        name = op.title_as(head.op)
-    else:
-        name = highlights.titles.get(op.op_key)  # type: ignore[assignment]
-        if name is None:
-            name = highlights.titles[op.op_key] = op.title
-    if status != OK and (status != INCOMPLETE or not done):
+    name = op.title_as(head.op) if op.kind == "p2p" else op.title
+    if status != OK and (status != INCOMPLETE or last.state != COMPLETED):
         prefix = PREFIX.get(status, "")
         if status == MISMATCH:
             prefix = f"{prefix}({op.mismatch}) "
         name = prefix + name
-    return Slice(
-        start=start,
-        end=end,
-        name=name,
-        args=op_args(op, rank, entries, head, last, highlights.arg_blocks),
-        flow_ids=[op.op_key] if shared else [],
-        correlation_id=op.op_key if shared else None,
-    )
+    drawn = highlights.drawn
+    # An op's flow needs two drawn slices.
+    shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
+    flows = ((op.op_key,) if shared else ()) + tuple(highlights.finding_flows.get(op.op_key, ()))
+    args = tuple(_shared_args(op, entries, head, last, gloo))
+    return SliceLook(name, args, flows, op.op_key if shared else None, timed=not gloo)
 
 
 def findings_tracks(
@@ -404,12 +439,11 @@ def findings_tracks(
             args += [("op", finding.op), ("seq", finding.seq)]
         if finding.culprit_frames:
             args.append(("culprit_stack", stack_strings(finding.culprit_frames)))
-        item = Slice(start, span.end, f"{finding.kind}: {finding.summary}", args)
         shown_keys = [k for k in finding.op_keys if drawn is None or drawn.get(k)]
-        if shown_keys:
-            item.flow_ids.append(flow)
-            for key in shown_keys:
-                highlights.finding_flows.setdefault(key, []).append(flow)
+        for key in shown_keys:
+            highlights.finding_flows.setdefault(key, []).append(flow)
+        look = SliceLook(f"{finding.kind}: {finding.summary}", tuple(args), (flow,) if shown_keys else ())
+        item = Slice(start, span.end, look)
         tracks.append(
             Track(
                 FINDINGS_UUID + number, f"{number}. {finding.kind}", parent=FINDINGS_UUID, order=number, slices=[item]
@@ -420,46 +454,16 @@ def findings_tracks(
     return tracks, highlights
 
 
-def _never_issued_marker(op: MatchedOp, rank: int) -> Slice:
+def _never_issued_marker(op: MatchedOp, highlights: Highlights) -> Slice:
     others = ranks_label([r for r in op.entries])
-    return Slice(
-        start=op.first_time_ns,
-        end=None,
-        name=NEVER_ISSUED + op.title,
-        args=[
-            ("status", "this rank never issued the op that the others entered here"),
-            ("group", op.group.label),
-            ("collective_seq_id" if op.kind == "collective" else "p2p_seq_id", op.seq),
-            ("issued_by_ranks", others),
-        ],
-        correlation_id=op.op_key,
+    args: tuple[tuple[str, ArgValue], ...] = (
+        ("status", "this rank never issued the op that the others entered here"),
+        ("group", op.group.label),
+        ("collective_seq_id" if op.kind == "collective" else "p2p_seq_id", op.seq),
+        ("issued_by_ranks", others),
     )
-
-
-def op_args(
-    op: MatchedOp,
-    rank: int,
-    entries: list[Entry],
-    head: Entry,
-    last: Entry,
-    blocks: dict[tuple[object, ...], ArgBlock] | None = None,
-) -> list[tuple[str, ArgValue]]:
-    """Every fact the dump gives about this rank's part in the op, as named values.
-
-    Two items: ("", block), the facts most ranks of the op share (status, group, op, sizes, dtypes,
-    state, stack...) as one ``ArgBlock``, built once per distinct set of facts; and ("", facts),
-    this rank's own ids and times as ``RankFacts``.
-    """
-    gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
-    key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes, head.output_sizes,
-           head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms, head.frames, gloo,
-           tuple(e.op for e in entries) if len(entries) > 1 else None, head.closed_by is not None)  # fmt: skip
-    block = blocks.get(key) if blocks is not None else None
-    if block is None:
-        block = ArgBlock(tuple(_shared_args(op, entries, head, last, gloo)))
-        if blocks is not None:
-            blocks[key] = block
-    return [("", block), ("", RankFacts(head, last, not gloo))]
+    flows = tuple(highlights.finding_flows.get(op.op_key, ()))
+    return Slice(op.first_time_ns, None, SliceLook(NEVER_ISSUED + op.title, args, flows, op.op_key))
 
 
 def _shared_args(
@@ -526,14 +530,3 @@ def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
             lanes.append([s])
             lane_ends.append(end)
     return lanes
-
-
-def flat_args(args: list[tuple[str, ArgValue]]) -> list[tuple[str, ArgValue]]:
-    """Args with shared blocks (``("", block)``) expanded in place."""
-    out: list[tuple[str, ArgValue]] = []
-    for name, value in args:
-        if isinstance(value, (ArgBlock, RankFacts)):
-            out.extend(value.items)
-        else:
-            out.append((name, value))
-    return out

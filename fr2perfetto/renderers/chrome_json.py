@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import IO
 
-from ..timeline import ArgValue, Slice, Track, flat_args
+from ..timeline import ArgValue, Slice, Track
 from .perfetto import TraceStats
 
 FINDINGS_PID = 0
@@ -75,7 +75,7 @@ class ChromeJsonWriter:
         for item in slices:
             ts = item.start / 1000
             event: dict[str, object] = {"name": item.name, "pid": pid, "tid": tid, "ts": ts}
-            event["args"] = {n: _json_value(v) for n, v in flat_args(item.args)}
+            event["args"] = {n: _json_value(v) for n, v in item.args}
             if item.end is None:
                 event.update(ph="i", s="t")
                 self.stats.markers += 1

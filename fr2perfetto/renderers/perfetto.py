@@ -10,11 +10,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TypeVar
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ..timeline import ArgBlock, ArgValue, RankFacts, Slice, Track
+from ..model import Entry
+from ..timeline import ArgValue, Slice, SliceLook, Track, thread_label
 from .wire import Field, varint
 
 SEQUENCE_ID = 1
@@ -54,10 +55,11 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _SMALL_LENGTH = [varint(n) for n in range(128)]
 _LENGTHS = [varint(n) for n in range(16384)]  # a slice packet's length is always below 16 KB
 _NINE_BYTES = 1 << 56  # the smallest number whose varint takes nine bytes
-_TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _NAME_IID_TAG = _TRACE_PACKET.tag, _TRACK_EVENT.tag, _NAME_IID.tag
+_TRACE_PACKET_TAG, _TRACK_EVENT_TAG = _TRACE_PACKET.tag, _TRACK_EVENT.tag
 _FLOW_TAG, _CORRELATION_TAG = _FLOW.tag, _CORRELATION.tag
 _pack_u64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
+_K = TypeVar("_K")
 
 
 @dataclass(slots=True)
@@ -100,11 +102,12 @@ class PerfettoWriter:
         self._event_names: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
         self._strings: dict[str, int] = {}
-        # (arg name, value), or a block of them -> encoded DebugAnnotations, for what repeats
-        self._encoded: dict[object, bytes] = {}
+        self._encoded: dict[tuple[str, ArgValue], bytes] = {}  # (arg name, value) -> its DebugAnnotation
         self._arg_prefixes: dict[str, bytes] = {}
-        self._name_chunks: dict[str, bytes] = {}  # event name -> its encoded name_iid field
-        self._ids: dict[object, bytes] = {}
+        # Ids and threads repeat from rank to rank: each is encoded once, as its DebugAnnotation.
+        self._op_ids: dict[int, bytes] = {}
+        self._record_ids: dict[int, bytes] = {}
+        self._threads: dict[tuple[str, str], bytes] = {}
         self._fact_heads: tuple[bytes, bytes, bytes, bytes] | None = None
         self._new_interned: list[bytes] = []
         self.stats = TraceStats()
@@ -173,11 +176,17 @@ class PerfettoWriter:
     def _string(self, text: str) -> bytes:
         return _STRING.int(self._iid(self._strings, text, _STRINGS, _STR))
 
-    def _block(self, block: ArgBlock) -> bytes:
-        """A shared block's annotations, encoded once per writer (the iids in them are the writer's)."""
-        encoded = block.encoded
+    def _look(self, look: SliceLook) -> bytes:
+        """A look's name, args and flows, encoded once per writer (the iids in them are the writer's)."""
+        encoded = look.encoded
         if encoded is None or encoded[0] is not self._token:
-            encoded = block.encoded = (self._token, b"".join(self._arg(n, v) for n, v in block.items))
+            parts = [_NAME_IID.int(self._iid(self._event_names, look.name, _EVENT_NAMES, _NAME))]
+            parts += [self._arg(name, value) for name, value in look.args]
+            parts += [_FLOW_TAG + _pack_u64(flow) for flow in look.flow_ids]
+            if look.correlation_id is not None:
+                parts.append(_CORRELATION_TAG + varint(look.correlation_id))
+            self.stats.flow_ids.update(look.flow_ids)
+            encoded = look.encoded = (self._token, b"".join(parts))
         return encoded[1]
 
     def _arg(self, name: str, value: ArgValue) -> bytes:
@@ -198,23 +207,26 @@ class PerfettoWriter:
             return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
         return self._annotation(name, value)
 
-    def _facts(self, facts: RankFacts, start: int, start_bytes: bytes, end: int | None, end_bytes: bytes) -> bytes:
-        """A rank's ids and times, the same annotations as ``facts.items``, without building them.
+    def _facts(
+        self, head: Entry, last: Entry, timed: bool, start: int, start_bytes: bytes, end: int | None, end_bytes: bytes
+    ) -> bytes:
+        """A rank's ids and times, the same annotations as ``rank_facts``, without building them.
 
         The creation and completion times are usually the slice's own start and end, whose varints
         the caller has already made; ids and threads repeat from rank to rank.
         """
         created_head, started_head, completed_head, duration_head = self._fact_heads or self._make_fact_heads()
-        ids = self._ids
-        op_id = ids.get(("op_id", facts.op_id)) or self._id("op_id", facts.op_id)
-        record_id = ids.get(("record_id", facts.record_id)) or self._id("record_id", facts.record_id)
-        created = facts.created
+        op_id = self._op_ids.get(head.op_id) or self._id(self._op_ids, "op_id", head.op_id, head.op_id)
+        record_id = self._record_ids.get(head.record_id) or self._id(
+            self._record_ids, "record_id", head.record_id, head.record_id
+        )
+        created = head.time_created_ns
         if created >= _NINE_BYTES:  # the reader keeps every time at most 2**63 - 1
             parts = [op_id, record_id, created_head, start_bytes if created == start else varint(created)]
         else:
             parts = [op_id, record_id, self._arg("time_created_ns", created)]
-        if facts.timed:
-            started, completed, duration = facts.started, facts.completed, facts.duration_ms
+        if timed:
+            started, completed, duration = last.time_started_ns, last.time_completed_ns, last.duration_ms
             if started and started >= _NINE_BYTES:
                 parts += (started_head, varint(started))
             else:
@@ -227,8 +239,9 @@ class PerfettoWriter:
                 parts += (duration_head, _pack_double(duration))
             else:
                 parts.append(self._arg("duration_ms", duration if duration is not None else "unknown"))
-        if facts.thread:
-            parts.append(ids.get(facts.thread) or self._id("thread", facts.thread))
+        if head.thread_name or head.thread_id:
+            thread = (head.thread_name, head.thread_id)
+            parts.append(self._threads.get(thread) or self._id(self._threads, "thread", thread, thread_label(head)))
         return b"".join(parts)
 
     def _make_fact_heads(self) -> tuple[bytes, bytes, bytes, bytes]:
@@ -243,11 +256,11 @@ class PerfettoWriter:
         self._fact_heads = (heads[0], heads[1], heads[2], heads[3])
         return self._fact_heads
 
-    def _id(self, name: str, value: int | str) -> bytes:
-        """An op id, record id or thread: they repeat from rank to rank, so each is encoded once."""
+    def _id(self, table: dict[_K, bytes], name: str, key: _K, value: int | str) -> bytes:
+        """An op id, record id or thread, encoded and remembered in ``table`` under ``key``."""
         chunk = self._annotation(name, value)
-        if len(self._ids) < 1 << 20:  # ids a stranger's dump never repeats must not fill memory
-            self._ids[(name, value) if type(value) is int else value] = chunk
+        if len(table) < 1 << 20:  # ids a stranger's dump never repeats must not fill memory
+            table[key] = chunk
         return chunk
 
     def _arg_prefix(self, name: str) -> bytes:
@@ -265,41 +278,27 @@ class PerfettoWriter:
         packet_head = self._packet_head
         # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
         end_prefix = _TRACE_PACKET.tag + varint(len(packet_head) + 9 + len(end_event)) + packet_head
-        name_chunks = self._name_chunks
-        arg, block_bytes, facts_bytes = self._arg, self._block, self._facts
-        flow_ids = self.stats.flow_ids
+        token, look_bytes, facts_bytes, new_interned = self._token, self._look, self._facts, self._new_interned
         out: list[bytes] = []
         slice_count = marker_count = 0
         for item in slices:
-            name = name_chunks.get(item.name)
-            if name is None:
-                iid = self._iid(self._event_names, item.name, _EVENT_NAMES, _NAME)
-                name = name_chunks[item.name] = _NAME_IID_TAG + varint(iid)
-            start, end = item.start, item.end
+            look = item.look
+            encoded = look.encoded
+            look_chunk = encoded[1] if encoded is not None and encoded[0] is token else look_bytes(look)
+            start, end, head = item.start, item.end, item.head
             start_bytes = varint(start)
             end_bytes = b"" if end is None else varint(end)
-            parts = [instant if end is None else begin, name]
-            for name, value in item.args:
-                kind = type(value)
-                if kind is ArgBlock:  # args that many slices share: encoded once for all
-                    parts.append(block_bytes(value))  # type: ignore[arg-type]
-                elif kind is RankFacts:
-                    parts.append(facts_bytes(value, start, start_bytes, end, end_bytes))  # type: ignore[arg-type]
-                else:
-                    parts.append(arg(name, value))
-            if item.flow_ids:
-                for flow in item.flow_ids:
-                    parts.append(_FLOW_TAG + _pack_u64(flow))
-                flow_ids.update(item.flow_ids)
-            if item.correlation_id is not None:
-                parts.append(_CORRELATION_TAG + varint(item.correlation_id))
-            event = b"".join(parts)
-            head = packet_head + start_bytes
-            if self._new_interned:
-                head += _INTERNED.bytes(b"".join(self._new_interned))
-                self._new_interned.clear()
+            if head is not None and item.last is not None:
+                facts = facts_bytes(head, item.last, look.timed, start, start_bytes, end, end_bytes)
+                event = (instant if end is None else begin) + look_chunk + facts
+            else:
+                event = (instant if end is None else begin) + look_chunk
+            head_bytes = packet_head + start_bytes
+            if new_interned:
+                head_bytes += _INTERNED.bytes(b"".join(new_interned))
+                new_interned.clear()
             size = len(event)
-            packet = head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event
+            packet = head_bytes + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event
             size = len(packet)
             out.append(_TRACE_PACKET_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + packet)
             if end is None:
