@@ -11,13 +11,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TypeVar
 
 from .files import expand_inputs
 from .gcpause import gc_paused
 from .model import Entry, Group, LoadProblem, RankDump, ranks_label
-from .reader import DumpError, read_dump
+from .reader import DumpError, read_dump, read_dump_rows
 
 
 @dataclass(slots=True)
@@ -57,10 +58,18 @@ class Job:
         return self._by_rank.get(rank, [])
 
 
+_Read = TypeVar("_Read")
+
+
 def _read_one(path: str) -> RankDump | LoadProblem:
+    return _problem_or(read_dump, path)
+
+
+def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
+    """``read(path)``, or the ``LoadProblem`` that says why it failed."""
     try:
         with gc_paused():
-            return read_dump(path)
+            return read(path)
     except DumpError as error:
         return LoadProblem(path, str(error))
     except Exception as error:
@@ -69,19 +78,16 @@ def _read_one(path: str) -> RankDump | LoadProblem:
 
 # Entries cross from a reading process to the parent as columns: a tuple per field, rebuilt with
 # one call per entry. Pickling a dataclass per entry costs four times as much on both sides.
-_ENTRY_FIELDS = [f.name for f in fields(Entry) if f.name != "closed_by"]
-_entry_values = attrgetter(*_ENTRY_FIELDS)
 Packed = tuple[RankDump, list[tuple[object, ...]]]
 
 
 def _read_packed(path: str) -> Packed | LoadProblem:
-    """In a reading process: read one dump and take its entries apart into columns."""
-    result = _read_one(path)
+    """In a reading process: read one dump, its entries as columns."""
+    result = _problem_or(read_dump_rows, path)
     if isinstance(result, LoadProblem):
         return result
-    columns = list(zip(*map(_entry_values, result.entries), strict=True))
-    result.entries = []
-    return result, columns
+    dump, rows = result
+    return dump, list(zip(*rows, strict=True))
 
 
 def _unpack(packed: Packed | LoadProblem) -> RankDump | LoadProblem:

@@ -7,6 +7,7 @@ counted, so one bad record does not cost a rank its whole history.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -50,6 +51,24 @@ class _BadEntry(Exception):
 
 def read_dump(path: str, data: bytes | None = None) -> RankDump:
     """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
+    return _read(path, data, Entry)
+
+
+def _as_row(*fields: Any) -> tuple[Any, ...]:
+    return fields
+
+
+def read_dump_rows(path: str) -> tuple[RankDump, list[tuple[Any, ...]]]:
+    """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (all but
+    ``closed_by``), and the dump's own list of entries is empty: cheaper to pass between processes.
+    """
+    dump = _read(path, None, _as_row)
+    rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
+    dump.entries = []
+    return dump, rows
+
+
+def _read(path: str, data: bytes | None, make_entry: Callable[..., Any]) -> RankDump:
     name = parse_dump_name(path)
     if name is None:
         raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
@@ -60,7 +79,7 @@ def read_dump(path: str, data: bytes | None = None) -> RankDump:
         except OSError as error:
             raise DumpError(f"cannot read: {error.strerror or error}") from None
     raw, file_format = _decode(data)
-    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format)
+    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format, make_entry=make_entry)
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any], str]:
@@ -99,8 +118,19 @@ def _short(error: BaseException) -> str:
     return text[:120]
 
 
-def normalise(raw: dict[str, Any], *, rank: int, path: str, host: str | None, file_format: str) -> RankDump:
-    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``."""
+def normalise(
+    raw: dict[str, Any],
+    *,
+    rank: int,
+    path: str,
+    host: str | None,
+    file_format: str,
+    make_entry: Callable[..., Any] = Entry,
+) -> RankDump:
+    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``.
+
+    ``make_entry`` makes each entry from ``Entry``'s fields, given in order (all but ``closed_by``).
+    """
     if "version" not in raw:
         raise DumpError("not a Flight Recorder dump (no 'version' key)")
     version = raw["version"]
@@ -123,11 +153,12 @@ def normalise(raw: dict[str, Any], *, rank: int, path: str, host: str | None, fi
     first_reason = ""
     for index, item in enumerate(raw_entries):
         try:
-            entry = _read_entry_fast(item, rank, caches) if major == 2 else None
+            entry = _read_entry_fast(item, rank, caches, make_entry) if major == 2 else None
             if entry is None:
-                entry = _read_entry(item, rank, major, pg_config, caches)
+                full = _read_entry(item, rank, major, pg_config, caches)
                 if major == 2:
-                    _remember_shape(item, entry, caches)
+                    _remember_shape(item, full, caches)
+                entry = full if make_entry is Entry else make_entry(*_entry_fields(full))
             entries.append(entry)
         except _BadEntry as error:
             skipped += 1
@@ -439,6 +470,8 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     )
 
 
+_entry_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Entry) if f.name != "closed_by"))
+
 # The keys every 2.x entry has, fetched in one call.
 _FAST_KEYS = (
     "record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
@@ -450,7 +483,7 @@ _fast_values = operator.itemgetter(*_FAST_KEYS)
 _SHAPE_KEYS = slice(14, None)  # the fields an entry shares with most others of its rank
 
 
-def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> Entry | None:
+def _read_entry_fast(item: Any, rank: int, caches: _Caches, make_entry: Callable[..., Any]) -> Any:
     """A 2.x entry with every key and the types PyTorch writes, read in one pass; None: read it in full.
 
     The fields that repeat from entry to entry (op, group, state, thread...) are checked once per
@@ -495,7 +528,7 @@ def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> Entry | None:
         return None
     if shape is None or sizes_in is None or sizes_out is None or dtypes_in is None or dtypes_out is None:
         return None  # first of its kind: the full read checks it and fills the caches
-    return Entry(
+    return make_entry(
         rank, shape[0], shape[1], pg_id, record_id, cseq, pseq, op_id, shape[2], shape[3], shape[4], shape[5],
         sizes_in, sizes_out, dtypes_in, dtypes_out, shape[6], shape[7], created, started or None, completed or None,
         duration, shape[8], shape[9], shape[10], _frames(values[13], caches),
