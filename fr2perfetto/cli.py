@@ -5,6 +5,7 @@ Every error a user can cause ends in a one-line message and a non-zero exit code
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from datetime import datetime, timezone
@@ -294,9 +295,25 @@ def _root(
 
 
 def main() -> None:
-    """Entry point of the console script; turns Ctrl-C into a one-line message."""
+    """Entry point of the console script; turns Ctrl-C into a one-line message.
+
+    A command is one run over what can be millions of long-lived objects: the cyclic collector stays
+    off for the whole process (turned back on, its first pass would walk every one of them), and the
+    process ends without tearing the interpreter down (freeing them one by one takes a second or
+    more that the system does at once).
+    """
+    gc.disable()
     try:
         app()
+        code: int | str | None = 0
+    except SystemExit as done:
+        code = done.code
     except KeyboardInterrupt:
         err.print("interrupted")
-        sys.exit(130)
+        code = 130
+    if isinstance(code, str):
+        err.print(code)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)

@@ -208,3 +208,24 @@ def test_capture_dumps_every_rank_of_a_real_job(tmp_path: Path):
     code, stdout, _ = run_cli("analyze", str(dumps), "--json")
     verdict = json.loads(stdout)["verdict"]
     assert code == 1 and verdict["culprit_ranks"] == [2] and "rank 2 never issued all_reduce #4" in verdict["summary"]
+
+
+def test_the_installed_command_prints_everything_and_keeps_its_exit_codes(tmp_path: Path):
+    """The console script ends its process early (no interpreter teardown): nothing may be lost."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "fr2perfetto", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+    hang = run("analyze", str(ROOT / "samples" / "gloo" / "skip"), "-q")
+    assert hang.returncode == 1
+    assert hang.stdout.startswith("hang: rank 2 never issued all_reduce #4 of default_pg")
+    trace = tmp_path / "skip.pftrace"
+    written = run("convert", str(ROOT / "samples" / "gloo" / "skip"), "-o", str(trace))
+    assert written.returncode == 0
+    assert f"Wrote {trace}" in written.stdout and "Open it: fr2perfetto open" in written.stdout
+    assert read_trace(trace).processes
+    missing = run("analyze", str(tmp_path / "nothing-here"))
+    assert missing.returncode == 2
+    assert "no dump could be read from" in missing.stderr and "Traceback" not in missing.stderr
+    assert run("--version").stdout.startswith("fr2perfetto ")
