@@ -293,15 +293,23 @@ def rank_timeline(
     by_group: dict[Group, list[Slice]] = {g: [] for g in job.groups_of_rank(rank) if shown is None or g in shown}
     per_group_ops: dict[Group, list[tuple[MatchedOp, list[Entry]]]] = {}
     folded: dict[Group, list[int]] = {}
-    for op, entries in rank_ops:
-        if shown is not None and op.group not in shown:
-            continue
-        start = entries[0].time_created_ns if entries else op.first_time_ns
-        if start < cutoffs.get(op.group, -1):
-            folded.setdefault(op.group, []).append(start)
-            continue
-        per_group_ops.setdefault(op.group, []).append((op, entries))
-        by_group.setdefault(op.group, [])
+    if shown is None and not cutoffs:  # the whole history of every group: nothing to leave out
+        for item in rank_ops:
+            group = item[0].group
+            ops_of_group = per_group_ops.get(group)
+            if ops_of_group is None:
+                per_group_ops[group] = [item]
+            else:
+                ops_of_group.append(item)
+    else:
+        for op, entries in rank_ops:
+            if shown is not None and op.group not in shown:
+                continue
+            start = entries[0].time_created_ns if entries else op.first_time_ns
+            if start < cutoffs.get(op.group, -1):
+                folded.setdefault(op.group, []).append(start)
+                continue
+            per_group_ops.setdefault(op.group, []).append((op, entries))
     for group, items in per_group_ops.items():
         by_group[group] = _group_slices(rank, items, span, highlights)
     for group, starts in folded.items():
@@ -517,6 +525,8 @@ def stack_strings(frames: tuple[Frame, ...]) -> tuple[str, ...]:
 
 def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
     """Split time-ordered slices into lanes in which no two slices overlap (first fit)."""
+    if _one_lane(slices):
+        return [slices] if slices else []
     lanes: list[list[Slice]] = []
     lane_ends: list[int] = []
     for s in sorted(slices, key=lambda s: (s.start, s.end if s.end is not None else s.start)):
@@ -530,3 +540,14 @@ def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
             lanes.append([s])
             lane_ends.append(end)
     return lanes
+
+
+def _one_lane(slices: list[Slice]) -> bool:
+    """Whether each slice ends before the next begins, in the order given: then that order is the
+    time order, and one lane holds them all (the common case, checked in one pass)."""
+    lane_end = None
+    for item in slices:
+        if lane_end is not None and item.start < lane_end:
+            return False
+        lane_end = item.end if item.end is not None else item.start
+    return True
