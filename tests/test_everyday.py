@@ -215,7 +215,8 @@ def test_the_installed_command_prints_everything_and_keeps_its_exit_codes(tmp_pa
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "fr2perfetto", *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+        env = {**os.environ, "COLUMNS": "200"}
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
     hang = run("analyze", str(ROOT / "samples" / "gloo" / "skip"), "-q")
     assert hang.returncode == 1
