@@ -69,22 +69,20 @@ def link_coalesced(job: Job) -> None:
             ends[op] = closes_coalesced_group(op)
         if not any(ends[op] for op in ops):
             continue  # most ranks never coalesce: nothing to link
-        open_runs: dict[tuple[str, bool, int], list[Entry]] = {}
-        for entry in dump.entries:
+        entries = dump.entries
+        open_runs: dict[tuple[str, bool, int], list[int]] = {}  # -> positions of the run's entries
+        for position, entry in enumerate(entries):
             seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
             key = (entry.group_name, entry.is_p2p, seq)
             if ends[entry.op]:
                 for inner in open_runs.pop(key, ()):
-                    inner.closed_by = entry
-            elif open_runs:
-                # Only ops of a group that a coalesced entry closes are held; most entries close nothing.
+                    entries[inner] = entries[inner]._replace(closed_by=entry)
+            else:
                 run = open_runs.get(key)
                 if run is not None:
-                    run.append(entry)
+                    run.append(position)
                 else:
-                    open_runs[key] = [entry]
-            else:
-                open_runs[key] = [entry]
+                    open_runs[key] = [position]
         # Runs never closed are plain ops.
 
 

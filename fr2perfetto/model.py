@@ -1,7 +1,8 @@
 """The data model every stage shares: what a dump holds, once normalised.
 
-Plain dataclasses with slots. A reader turns each file into a ``RankDump``; the matcher groups
-``Entry`` objects of many ranks into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
+Plain dataclasses with slots, and named tuples for what a job holds by the million (entries, frames).
+A reader turns each file into a ``RankDump``; the matcher groups ``Entry`` objects of many ranks
+into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ class Frame(NamedTuple):
     line: int
 
 
-@dataclass(slots=True)
-class Entry:
-    """One Flight Recorder entry (one op on one rank), whatever the dump's version or format."""
+class Entry(NamedTuple):
+    """One Flight Recorder entry (one op on one rank), whatever the dump's version or format.
+
+    A named tuple, not a dataclass: a job has millions, made from rows of values that reading
+    processes send, and a tuple is made from a row in one C call. Immutable: ``link_coalesced``
+    replaces an entry to set ``closed_by``.
+    """
 
     rank: int
     group_name: str

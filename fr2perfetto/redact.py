@@ -62,8 +62,6 @@ def redact_job(job: Job) -> Job:
             base = base.replace(dump.host, placeholder)
             dump.host = placeholder
         dump.path = f"<dumps>/{base}"
-        for entry in dump.entries:
-            if entry.frames:
-                entry.frames = redactor.stack(entry.frames)
+        dump.entries = [e._replace(frames=redactor.stack(e.frames)) if e.frames else e for e in dump.entries]
     job.problems = [replace(p, path=redactor.path(p.path)) for p in job.problems]
     return job

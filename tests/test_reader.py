@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,7 +122,7 @@ def test_json_and_pickle_of_one_rank_normalise_alike(tmp_path: Path):
     from_pickle = read_dump(str(tmp_path / "p" / "nccl_trace_rank_0"))
     from_json = read_dump(str(tmp_path / "j" / "nccl_trace_rank_0.json"))
     # JSON dumps carry no stack frames; everything else is the same
-    assert [replace(e, frames=()) for e in from_pickle.entries] == from_json.entries
+    assert [e._replace(frames=()) for e in from_pickle.entries] == from_json.entries
     assert all(e.frames for e in from_pickle.entries)
     assert from_pickle.pg_status == from_json.pg_status
     assert (from_pickle.file_format, from_json.file_format) == ("pickle", "json")
