@@ -95,8 +95,8 @@ def _unpack(packed: Packed | LoadProblem) -> RankDump | LoadProblem:
     if isinstance(packed, LoadProblem):
         return packed
     dump, columns = packed
-    # Each row, with closed_by (None) added, becomes an Entry in one C call: no Python code per entry.
-    dump.entries = list(map(_new_tuple, repeat(Entry), zip(*columns, repeat(None)))) if columns else []
+    # Each row becomes an Entry in one C call: no Python code per entry.
+    dump.entries = list(map(_new_tuple, repeat(Entry), zip(*columns, strict=True))) if columns else []
     return dump
 
 

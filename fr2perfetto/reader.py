@@ -50,24 +50,21 @@ class _BadEntry(Exception):
 
 def read_dump(path: str, data: bytes | None = None) -> RankDump:
     """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
-    return _read(path, data, Entry)
-
-
-def _as_row(*fields: Any) -> tuple[Any, ...]:
-    return fields
+    return _read(path, data, as_rows=False)
 
 
 def read_dump_rows(path: str) -> tuple[RankDump, list[tuple[Any, ...]]]:
-    """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (all but
-    ``closed_by``), and the dump's own list of entries is empty: cheaper to pass between processes.
+    """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (a plain
+    tuple, or an ``Entry``), and the dump's own list of entries is empty: cheaper to pass between
+    processes.
     """
-    dump = _read(path, None, _as_row)
+    dump = _read(path, None, as_rows=True)
     rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
     dump.entries = []
     return dump, rows
 
 
-def _read(path: str, data: bytes | None, make_entry: Callable[..., Any]) -> RankDump:
+def _read(path: str, data: bytes | None, as_rows: bool) -> RankDump:
     name = parse_dump_name(path)
     if name is None:
         raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
@@ -78,7 +75,7 @@ def _read(path: str, data: bytes | None, make_entry: Callable[..., Any]) -> Rank
         except OSError as error:
             raise DumpError(f"cannot read: {error.strerror or error}") from None
     raw, file_format = _decode(data)
-    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format, make_entry=make_entry)
+    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format, as_rows=as_rows)
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any], str]:
@@ -124,11 +121,11 @@ def normalise(
     path: str,
     host: str | None,
     file_format: str,
-    make_entry: Callable[..., Any] = Entry,
+    as_rows: bool = False,
 ) -> RankDump:
     """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``.
 
-    ``make_entry`` makes each entry from ``Entry``'s fields, given in order (all but ``closed_by``).
+    With ``as_rows``, entries read on the fast path stay plain tuples of ``Entry``'s fields.
     """
     if "version" not in raw:
         raise DumpError("not a Flight Recorder dump (no 'version' key)")
@@ -152,12 +149,13 @@ def normalise(
     first_reason = ""
     for index, item in enumerate(raw_entries):
         try:
-            entry = _read_entry_fast(item, rank, caches, make_entry) if major == 2 else None
-            if entry is None:
-                full = _read_entry(item, rank, major, pg_config, caches)
-                if major == 2:
-                    _remember_shape(item, full, caches)
-                entry = full if make_entry is Entry else make_entry(*_entry_fields(full))
+            row = _read_entry_fast(item, rank, caches) if major == 2 else None
+            if row is not None:
+                entries.append(row if as_rows else _new_tuple(Entry, row))
+                continue
+            entry = _read_entry(item, rank, major, pg_config, caches)
+            if major == 2:
+                _remember_shape(item, entry, caches)
             entries.append(entry)
         except _BadEntry as error:
             skipped += 1
@@ -469,7 +467,7 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     )
 
 
-_entry_fields = operator.itemgetter(*range(len(Entry._fields) - 1))  # all but closed_by
+_new_tuple = tuple.__new__
 
 # The keys every 2.x entry has, fetched in one call.
 _FAST_KEYS = (
@@ -482,8 +480,9 @@ _fast_values = operator.itemgetter(*_FAST_KEYS)
 _SHAPE_KEYS = slice(14, None)  # the fields an entry shares with most others of its rank
 
 
-def _read_entry_fast(item: Any, rank: int, caches: _Caches, make_entry: Callable[..., Any]) -> Any:
-    """A 2.x entry with every key and the types PyTorch writes, read in one pass; None: read it in full.
+def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> tuple[Any, ...] | None:
+    """A 2.x entry with every key and the types PyTorch writes, read in one pass into a row of
+    ``Entry``'s fields (a plain tuple); None: read it in full.
 
     The fields that repeat from entry to entry (op, group, state, thread...) are checked once per
     distinct combination, by ``_read_entry`` itself, so both paths always agree.
@@ -519,18 +518,18 @@ def _read_entry_fast(item: Any, rank: int, caches: _Caches, make_entry: Callable
     shape_key = values[_SHAPE_KEYS]
     try:
         shape = caches.shapes.get(shape_key)
-        sizes_in = caches.sizes.get(_tuple_of_tuples(values[9]))
-        sizes_out = caches.sizes.get(_tuple_of_tuples(values[10]))
+        sizes_in = caches.sizes.get(tuple(map(tuple, values[9])))
+        sizes_out = caches.sizes.get(tuple(map(tuple, values[10])))
         dtypes_in = caches.dtypes.get(tuple(values[11]))
         dtypes_out = caches.dtypes.get(tuple(values[12]))
     except TypeError:  # a list where PyTorch writes a tuple, or a number where a list belongs
         return None
     if shape is None or sizes_in is None or sizes_out is None or dtypes_in is None or dtypes_out is None:
         return None  # first of its kind: the full read checks it and fills the caches
-    return make_entry(
+    return (
         rank, shape[0], shape[1], pg_id, record_id, cseq, pseq, op_id, shape[2], shape[3], shape[4], shape[5],
         sizes_in, sizes_out, dtypes_in, dtypes_out, shape[6], shape[7], created, started or None, completed or None,
-        duration, shape[8], shape[9], shape[10], _frames(values[13], caches),
+        duration, shape[8], shape[9], shape[10], _frames(values[13], caches), None,
     )  # fmt: skip
 
 
