@@ -2,7 +2,7 @@
 
 For each size (ranks x entries) it generates NCCL-layout dumps once (``bench/generate.py``, cached
 under ``bench-data/``), then runs each stage as a whole process, in one run, and measures wall time and
-peak memory (proportional set size of the process and all its children, sampled every 20 ms, so
+peak memory (proportional set size of the process and all its children, sampled every 100 ms, so
 that memory a forked writer shares with its parent counts once):
 
 - ``unpickle``: ``pickle.load`` of every file, nothing else (the floor);
@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from generate import generate  # noqa: E402
 
 BIN = Path(sys.executable).parent
+# Memory is sampled this often: more often, the sampling itself takes a noticeable share of a 2-core
+# machine from the stage it measures (at every 20 ms: about a tenth of convert's time at 256 ranks).
+SAMPLE_SECONDS = 0.1
 UNPICKLE = "import pickle, glob, sys\nfor f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
 
 
@@ -47,27 +50,21 @@ def _memory(pid: int, rss_pages: int, page: int) -> int:
 
 
 def _tree_memory(root: int) -> int:
-    """Memory of ``root`` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            pid, ppid = int(entry), int(fields[1])
-            rss[pid] = int(fields[21])
-            children.setdefault(ppid, []).append(pid)
-        except (OSError, ValueError, IndexError):
-            continue
+    """Memory of ``root`` and all its descendants (found through each thread's list of children,
+    not by reading every process on the machine: the sampling must cost the measured stage little)."""
     total, todo = 0, [root]
+    page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         pid = todo.pop()
-        if pid in rss:
-            total += _memory(pid, rss[pid], page)
-        todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                rss_pages = int(f.read().split()[1])
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError, IndexError):
+            continue  # it has just ended
+        total += _memory(pid, rss_pages, page)
     return total
 
 
@@ -83,7 +80,7 @@ def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
                 process.kill()
                 process.wait()
                 return float("inf"), peak, -9
-            time.sleep(0.02)
+            time.sleep(SAMPLE_SECONDS)
         wall = time.perf_counter() - start
         errors.seek(0)
         text = errors.read().decode(errors="replace")

@@ -311,7 +311,7 @@ def rank_timeline(
                 continue
             per_group_ops.setdefault(op.group, []).append((op, entries))
     for group, items in per_group_ops.items():
-        by_group[group] = _group_slices(rank, items, span, highlights)
+        by_group[group] = _group_slices(items, span, highlights)
     for group, starts in folded.items():
         summary = Slice(
             min(starts),
@@ -350,9 +350,7 @@ def _first_created(item: tuple[MatchedOp, list[Entry]]) -> int:
     return entries[0].time_created_ns if entries else op.first_time_ns
 
 
-def _group_slices(
-    rank: int, items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights
-) -> list[Slice]:
+def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
     items.sort(key=_first_created)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
@@ -382,6 +380,8 @@ def _group_slices(
                 end = next_start if next_start > start else start + 1_000
         if end <= start:
             end = start + 1
+        # Every field of head and last that op_look and _shared_args use: the ranks with equal keys
+        # share one look. A field added there must be added here.
         key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes,
                head.output_sizes, head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms,
                head.frames, last.backend, last.time_started_ns is None, last.time_completed_ns is None,
