@@ -77,8 +77,8 @@ def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
         return LoadProblem(path, f"unreadable dump ({type(error).__name__}: {str(error)[:120]})")
 
 
-# Entries cross from a reading process to the parent as columns: a tuple per field, rebuilt with
-# one call per entry. Pickling a dataclass per entry costs four times as much on both sides.
+# Entries cross from a reading process to the parent as columns, a tuple per field, and become
+# entries again in one C call each: pickling one object per entry costs several times as much.
 Packed = tuple[RankDump, list[tuple[object, ...]]]
 
 
