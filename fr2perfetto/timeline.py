@@ -220,15 +220,22 @@ class Highlights:
     looks: dict[tuple[object, ...], SliceLook] = field(default_factory=dict)
 
 
+def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
+    """When a rank's part in an op (an ``ops_by_rank`` item) begins: its first entry's creation,
+    or, for a rank that never issued it, when the first rank did."""
+    op, entries = item
+    return entries[0].time_created_ns if entries else op.first_time_ns
+
+
 def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
     """Per op key, the (slices, markers) a folded ``view`` draws: one per shown rank that has it."""
     counts: dict[int, tuple[int, int]] = {}
     for rank, _ in view.processes:
-        for op, entries in ops_index.get(rank, ()):
+        for item in ops_index.get(rank, ()):
+            op, entries = item
             if view.groups is not None and op.group not in view.groups:
                 continue
-            start = entries[0].time_created_ns if entries else op.first_time_ns
-            if start >= view.cutoffs.get(op.group, -1):
+            if start_on_rank(item) >= view.cutoffs.get(op.group, -1):
                 slices, markers = counts.get(op.op_key, (0, 0))
                 counts[op.op_key] = (slices + 1, markers) if entries else (slices, markers + 1)
     return counts
@@ -302,14 +309,15 @@ def rank_timeline(
             else:
                 ops_of_group.append(item)
     else:
-        for op, entries in rank_ops:
+        for item in rank_ops:
+            op = item[0]
             if shown is not None and op.group not in shown:
                 continue
-            start = entries[0].time_created_ns if entries else op.first_time_ns
+            start = start_on_rank(item)
             if start < cutoffs.get(op.group, -1):
                 folded.setdefault(op.group, []).append(start)
                 continue
-            per_group_ops.setdefault(op.group, []).append((op, entries))
+            per_group_ops.setdefault(op.group, []).append(item)
     for group, items in per_group_ops.items():
         by_group[group] = _group_slices(items, span, highlights)
     for group, starts in folded.items():
@@ -345,14 +353,9 @@ def rank_timeline(
     return RankTimeline(rank, tracks)
 
 
-def _first_created(item: tuple[MatchedOp, list[Entry]]) -> int:
-    op, entries = item
-    return entries[0].time_created_ns if entries else op.first_time_ns
-
-
 def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
-    items.sort(key=_first_created)
+    items.sort(key=start_on_rank)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
     slices: list[Slice] = []
     looks = highlights.looks
