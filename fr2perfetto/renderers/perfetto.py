@@ -62,6 +62,12 @@ _pack_double = struct.Struct("<d").pack
 _K = TypeVar("_K")
 
 
+def _framed(packet: bytes) -> bytes:
+    """A packet as the trace file holds it: a ``Trace.packet`` field."""
+    size = len(packet)
+    return _TRACE_PACKET_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + packet
+
+
 @dataclass(slots=True)
 class TraceStats:
     """What was written: the counts a person checks in the UI."""
@@ -119,7 +125,7 @@ class PerfettoWriter:
         """Nothing is buffered: every packet is already written."""
 
     def _write(self, packet: bytes) -> None:
-        self._out.write(_TRACE_PACKET.tag + varint(len(packet)) + packet)
+        self._out.write(_framed(packet))
 
     def range_of_interest(self, start_ns: int) -> None:
         """Ask the UI to open on the time from ``start_ns`` on (e.g. just before the hang)."""
@@ -277,7 +283,7 @@ class PerfettoWriter:
         end_event = _TRACK_EVENT.bytes(_END + track)
         packet_head = self._packet_head
         # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
-        end_prefix = _TRACE_PACKET.tag + varint(len(packet_head) + 9 + len(end_event)) + packet_head
+        end_prefix = _TRACE_PACKET_TAG + varint(len(packet_head) + 9 + len(end_event)) + packet_head
         token, look_bytes, facts_bytes, new_interned = self._token, self._look, self._facts, self._new_interned
         out: list[bytes] = []
         slice_count = marker_count = 0
@@ -299,7 +305,7 @@ class PerfettoWriter:
                 new_interned.clear()
             size = len(event)
             packet = head_bytes + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event
-            size = len(packet)
+            size = len(packet)  # _framed, inline: this runs once per slice
             out.append(_TRACE_PACKET_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + packet)
             if end is None:
                 marker_count += 1
@@ -307,8 +313,7 @@ class PerfettoWriter:
             if len(end_bytes) == 9:
                 out.append(end_prefix + end_bytes + end_event)
             else:
-                packet = packet_head + end_bytes + end_event
-                out.append(_TRACE_PACKET_TAG + varint(len(packet)) + packet)
+                out.append(_framed(packet_head + end_bytes + end_event))
             slice_count += 1
         self._out.write(b"".join(out))
         self.stats.slices += slice_count
