@@ -47,4 +47,4 @@ bench: install-test
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build bench-data .pytest_cache
+	rm -rf build bench-data .pytest_cache fr2perfetto/*.so

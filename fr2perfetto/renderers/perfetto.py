@@ -10,13 +10,19 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, TypeVar
+from functools import partial
+from typing import IO, NamedTuple, TypeVar
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..model import Entry
 from ..timeline import ArgValue, Slice, SliceLook, Track, thread_label
 from .wire import Field, varint
+
+try:
+    from .. import _speedups  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the same bytes, from Python
+    _speedups = None
 
 SEQUENCE_ID = 1
 
@@ -60,6 +66,23 @@ _FLOW_TAG, _CORRELATION_TAG = _FLOW.tag, _CORRELATION.tag
 _pack_u64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 _K = TypeVar("_K")
+# Where the fast encoder finds a rank's ids and times in an Entry.
+_ENTRY_FIELDS = tuple(
+    Entry._fields.index(name)
+    for name in (
+        "op_id", "record_id", "time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms",
+        "thread_name", "thread_id",
+    )
+)  # fmt: skip
+
+
+class _TrackCodes(NamedTuple):
+    """The encoded bits every slice of one track shares."""
+
+    begin: bytes  # a begin event's type and track
+    instant: bytes
+    end_event: bytes  # a whole end event, framed as TracePacket.track_event
+    end_prefix: bytes  # a framed end packet up to its (nine-byte) timestamp
 
 
 def _framed(packet: bytes) -> bytes:
@@ -278,43 +301,64 @@ class PerfettoWriter:
 
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Write non-overlapping slices of one track, in time order."""
-        track = _TRACK_UUID.int(track_uuid)
-        begin, instant = _BEGIN + track, _INSTANT + track
-        end_event = _TRACK_EVENT.bytes(_END + track)
-        packet_head = self._packet_head
-        # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
-        end_prefix = _TRACE_PACKET_TAG + varint(len(packet_head) + 9 + len(end_event)) + packet_head
-        token, look_bytes, facts_bytes, new_interned = self._token, self._look, self._facts, self._new_interned
-        out: list[bytes] = []
-        slice_count = marker_count = 0
-        for item in slices:
-            look = item.look
-            encoded = look.encoded
-            look_chunk = encoded[1] if encoded is not None and encoded[0] is token else look_bytes(look)
-            start, end, head = item.start, item.end, item.head
-            start_bytes = varint(start)
-            end_bytes = b"" if end is None else varint(end)
-            if head is not None and item.last is not None:
-                facts = facts_bytes(head, item.last, look.timed, start, start_bytes, end, end_bytes)
-                event = (instant if end is None else begin) + look_chunk + facts
-            else:
-                event = (instant if end is None else begin) + look_chunk
-            head_bytes = packet_head + start_bytes
-            if new_interned:
-                head_bytes += _INTERNED.bytes(b"".join(new_interned))
-                new_interned.clear()
-            size = len(event)
-            packet = head_bytes + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event
-            size = len(packet)  # _framed, inline: this runs once per slice
-            out.append(_TRACE_PACKET_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + packet)
-            if end is None:
-                marker_count += 1
-                continue
-            if len(end_bytes) == 9:
-                out.append(end_prefix + end_bytes + end_event)
-            else:
-                out.append(_framed(packet_head + end_bytes + end_event))
-            slice_count += 1
-        self._out.write(b"".join(out))
+        codes = self._track_codes(track_uuid)
+        if self._fact_heads is None:
+            self._make_fact_heads()  # interns their names now, whichever path encodes the slices
+        if _speedups is not None:
+            data, slice_count, marker_count = _speedups.encode_slices(
+                slices, self._fast_context(codes), partial(self._slice_packets, codes=codes)
+            )
+        else:
+            slice_count = marker_count = 0
+            out: list[bytes] = []
+            for item in slices:
+                out.append(self._slice_packets(item, codes))
+                if item.end is None:
+                    marker_count += 1
+                else:
+                    slice_count += 1
+            data = b"".join(out)
+        self._out.write(data)
         self.stats.slices += slice_count
         self.stats.markers += marker_count
+
+    def _track_codes(self, track_uuid: int) -> _TrackCodes:
+        track = _TRACK_UUID.int(track_uuid)
+        end_event = _TRACK_EVENT.bytes(_END + track)
+        # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
+        end_prefix = _TRACE_PACKET_TAG + varint(len(self._packet_head) + 9 + len(end_event)) + self._packet_head
+        return _TrackCodes(_BEGIN + track, _INSTANT + track, end_event, end_prefix)
+
+    def _fast_context(self, codes: _TrackCodes) -> tuple[object, ...]:
+        """What ``_speedups.encode_slices`` needs to encode the slices that ``_slice_packets`` would
+        encode without interning anything new; see ``_speedups.c`` for the order."""
+        return (
+            self._token, self._packet_head, codes.begin, codes.end_event, self._new_interned,
+            self._op_ids, self._record_ids, self._threads, self._fact_heads,
+            _TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _ENTRY_FIELDS,
+        )  # fmt: skip
+
+    def _slice_packets(self, item: Slice, codes: _TrackCodes) -> bytes:
+        """One slice's packets (begin and end), or a marker's (one instant)."""
+        look = item.look
+        encoded = look.encoded
+        look_chunk = encoded[1] if encoded is not None and encoded[0] is self._token else self._look(look)
+        start, end, head = item.start, item.end, item.head
+        start_bytes = varint(start)
+        end_bytes = b"" if end is None else varint(end)
+        event = codes.instant if end is None else codes.begin
+        if head is not None and item.last is not None:
+            event += look_chunk + self._facts(head, item.last, look.timed, start, start_bytes, end, end_bytes)
+        else:
+            event += look_chunk
+        packet_head = self._packet_head + start_bytes
+        if self._new_interned:
+            packet_head += _INTERNED.bytes(b"".join(self._new_interned))
+            self._new_interned.clear()
+        size = len(event)
+        packet = _framed(packet_head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event)
+        if end is None:
+            return packet
+        if len(end_bytes) == 9:
+            return packet + codes.end_prefix + end_bytes + codes.end_event
+        return packet + _framed(self._packet_head + end_bytes + codes.end_event)

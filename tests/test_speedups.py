@@ -1,0 +1,111 @@
+"""The C speed-ups write exactly the bytes the Python writer writes, on every path through them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from fr2perfetto.model import Entry
+from fr2perfetto.renderers import perfetto as perfetto_writer
+from fr2perfetto.renderers.perfetto import PerfettoWriter
+from fr2perfetto.timeline import Slice, SliceLook
+
+from .conftest import run_cli
+from .tracecheck import read_trace
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint like every real timestamp
+
+
+def test_the_speedups_are_built():
+    # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
+    assert perfetto_writer._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
+
+
+def _convert(folder: Path, out: Path, monkeypatch: pytest.MonkeyPatch, pure: bool) -> bytes:
+    with monkeypatch.context() as patch:
+        if pure:
+            patch.setattr(perfetto_writer, "_speedups", None)
+        code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "1", "-q", "--full")
+    assert code == 0, stderr
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("sample", ["gloo/skip", "gloo/deadlock", "nccl/demo", "nccl/straggler", "nccl/wrap"])
+def test_samples_convert_to_the_same_bytes_with_and_without_speedups(
+    sample: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fast = _convert(SAMPLES / sample, tmp_path / "fast.pftrace", monkeypatch, pure=False)
+    pure = _convert(SAMPLES / sample, tmp_path / "pure.pftrace", monkeypatch, pure=True)
+    assert fast == pure
+    trace = read_trace(str(tmp_path / "fast.pftrace"))
+    assert len(trace.all_slices()) >= 5 and trace.flows
+
+
+def _entry(**fields: object) -> Entry:
+    base = dict(
+        rank=0, group_name="0", group_desc="default_pg", pg_id=0, record_id=7, collective_seq=1, p2p_seq=0,
+        op_id=7, backend="nccl", op="all_reduce", p2p_local=None, is_p2p=False, input_sizes=((4,),),
+        output_sizes=((4,),), input_dtypes=("Float",), output_dtypes=("Float",), state="completed",
+        retired=True, time_created_ns=NOW, time_started_ns=NOW + 10, time_completed_ns=NOW + 90,
+        duration_ms=0.08, timeout_ms=600000, thread_id="12", thread_name="pt_main_thread", frames=(),
+    )  # fmt: skip
+    base.update(fields)
+    return Entry(**base)  # type: ignore[arg-type]
+
+
+def _edge_slices() -> list[Slice]:
+    """Slices that take the fast path and slices that each leave it for one reason."""
+    timed = SliceLook("all_reduce #1", (("group", "default_pg"), ("count", 3)), flow_ids=(5,), correlation_id=5)
+    untimed = SliceLook("broadcast #2", (("group", "tp"),), timed=False)
+    plain = SliceLook("summary", (("note", "folded"),))
+    slices = []
+    for look in (timed, untimed, timed, untimed):  # the second time round, the looks are encoded
+        slices += [
+            Slice(NOW, NOW + 100, look, _entry(), _entry()),
+            Slice(NOW + 200, NOW + 300, look, _entry(op_id=8, record_id=8), _entry(op_id=8, record_id=8)),
+            Slice(NOW + 400, NOW + 500, look, _entry(), _entry(time_started_ns=None, time_completed_ns=None)),
+            Slice(NOW + 600, NOW + 700, look, _entry(), _entry(duration_ms=None)),
+            Slice(NOW + 800, NOW + 900, look, _entry(thread_id="", thread_name="")),
+            Slice(NOW + 1000, NOW + 1100, look, _entry(thread_id="13"), _entry()),
+            Slice(5, 6, look, _entry(time_created_ns=5), _entry(time_started_ns=5, time_completed_ns=6)),
+            Slice(NOW + 1200, NOW + 1300, look, _entry(op_id=2**63 - 1, record_id=0), _entry()),
+            Slice(NOW + 1400, NOW + 1500, look),
+            Slice(NOW + 1600, None, look),
+        ]
+    slices.append(Slice(NOW + 1800, NOW + 1900, plain))
+    return slices
+
+
+def _write(slices: list[Slice], monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[bytes, int, int]:
+    with monkeypatch.context() as patch:
+        if pure:
+            patch.setattr(perfetto_writer, "_speedups", None)
+        out = io.BytesIO()
+        writer = PerfettoWriter(out)
+        writer.slices(42, slices[: len(slices) // 2])
+        writer.slices(43, slices[len(slices) // 2 :])
+    return out.getvalue(), writer.stats.slices, writer.stats.markers
+
+
+def test_every_kind_of_slice_encodes_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
+    fast, fast_slices, fast_markers = _write(_edge_slices(), monkeypatch, pure=False)
+    pure, pure_slices, pure_markers = _write(_edge_slices(), monkeypatch, pure=True)
+    assert (fast_slices, fast_markers) == (pure_slices, pure_markers) == (37, 4)
+    assert fast == pure
+    trace = pb.Trace.FromString(fast)
+    events = [p.track_event for p in trace.packet if p.HasField("track_event")]
+    assert sum(e.type == pb.TrackEvent.TYPE_SLICE_BEGIN for e in events) == 37
+    assert {e.track_uuid for e in events} == {42, 43}
+
+
+def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
+    if perfetto_writer._speedups is None:
+        pytest.skip("built without the C speed-ups")
+    writer = PerfettoWriter(io.BytesIO())
+    monkeypatch.setattr(writer, "_slice_packets", lambda item, codes: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writer.slices(42, [Slice(NOW, None, SliceLook("marker", ()))])
