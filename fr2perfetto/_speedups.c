@@ -1,14 +1,226 @@
-/* Optional C speed-ups for the hottest loop of a conversion: encoding slice packets.
+/* Optional C speed-ups for the two hottest loops of a conversion: reading entries and encoding slices.
  *
- * encode_slices() produces exactly the bytes that PerfettoWriter._slice_packets (Python) produces,
- * for the common case only: a slice whose look the writer has already encoded, whose ids and thread
- * it has already met, and whose times are nine-byte varints. Every other slice, and every marker,
- * is handed to the Python fallback it is given, so the output never depends on which path ran.
- * Nothing here reads a dump: it sees only values the reader has already checked.
+ * Each function does exactly what a Python function of fr2perfetto does, for the common case only, and
+ * leaves every other case to that Python code, so results never depend on which path ran:
+ *
+ * - read_rows() reads 2.x entries as reader._read_entry_fast does, for entries whose repeating fields
+ *   (op, group, state, thread, sizes, dtypes, stack) the Python reader has already checked; it stops at
+ *   the first entry that is not so and lets the Python reader take it. It only looks values up and
+ *   compares types and ranges: a dump never makes it run code, allocate by a size it gives, or index
+ *   by a number it gives.
+ * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
+ *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
+ *   varints; every other slice, and every marker, goes to the Python fallback it is given.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <string.h>
+
+/* ---- reading ------------------------------------------------------------------------------------- */
+
+#define FAST_KEY_COUNT 22
+#define INT64_LIMIT 9223372036854775807LL
+
+/* 1 when value is an int (not a bool) in 0..2**63-1. */
+static int is_count(PyObject *value) {
+    if (!PyLong_CheckExact(value)) return 0;
+    int overflow = 0;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (number == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return number >= 0;
+}
+
+/* dict.get(key) as the Python reader does it: NULL (no error) when absent or unhashable. Borrowed. */
+static PyObject *lookup(PyObject *table, PyObject *key) {
+    PyObject *found = PyDict_GetItemWithError(table, key);
+    if (found == NULL) PyErr_Clear();
+    return found;
+}
+
+/* tuple(map(tuple, value)) as a lookup key; NULL (no error) when an item is not iterable. New reference. */
+static PyObject *tuple_of_tuples(PyObject *value) {
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    PyObject *key = PyTuple_New(size);
+    if (key == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *inner = PySequence_Tuple(PySequence_Fast_GET_ITEM(value, i));
+        if (inner == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, i, inner);
+    }
+    return key;
+}
+
+/* The cached, already checked value for a sizes or dtypes field; NULL when not cached. Borrowed. */
+static PyObject *known_sizes(PyObject *sizes, PyObject *value) {
+    PyObject *key = tuple_of_tuples(value);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = lookup(sizes, key);
+    Py_DECREF(key);
+    return found;
+}
+
+static PyObject *known_dtypes(PyObject *dtypes, PyObject *value) {
+    PyObject *key = PySequence_Tuple(value);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = lookup(dtypes, key);
+    Py_DECREF(key);
+    return found;
+}
+
+/* The shared tuple of frames for a stack already read (reader._frames' cache); NULL when not cached.
+ * Borrowed. An empty stack is the empty tuple. */
+static PyObject *known_frames(PyObject *frame_tuples, PyObject *value, PyObject *empty) {
+    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    if (size == 0) return empty;
+    PyObject *ids = PyTuple_New(size);
+    if (ids == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *id = PyLong_FromVoidPtr(PySequence_Fast_GET_ITEM(value, i));
+        if (id == NULL) {
+            PyErr_Clear();
+            Py_DECREF(ids);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(ids, i, id);
+    }
+    PyObject *found = lookup(frame_tuples, ids);
+    Py_DECREF(ids);
+    return found;
+}
+
+/* One entry as reader._read_entry_fast reads it, but only when every repeating field is already in
+ * the caches: a new row (a plain tuple of Entry's fields), or NULL with no error set. */
+static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys, PyObject *shapes, PyObject *sizes,
+                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty) {
+    PyObject *values[FAST_KEY_COUNT];
+    if (!PyDict_CheckExact(item)) return NULL;
+    for (int i = 0; i < FAST_KEY_COUNT; i++) {
+        values[i] = PyDict_GetItemWithError(item, keys[i]); /* borrowed: the dict keeps them alive */
+        if (values[i] == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    /* record_id, pg_id, collective_seq_id, p2p_seq_id, op_id, time_created_ns */
+    for (int i = 0; i < 6; i++)
+        if (!is_count(values[i])) return NULL;
+    PyObject *started = values[6], *completed = values[7], *duration = values[8];
+    if (started != Py_None && !is_count(started)) return NULL;
+    if (completed != Py_None && !is_count(completed)) return NULL;
+    if (duration != Py_None && !(PyFloat_CheckExact(duration) && isfinite(PyFloat_AS_DOUBLE(duration))))
+        return NULL;
+    for (int i = 9; i < 13; i++)
+        if (!PyList_CheckExact(values[i]) && !PyTuple_CheckExact(values[i])) return NULL;
+    /* retired, is_p2p, timeout_ms, thread_id, thread_name */
+    if (!PyBool_Check(values[17]) || !PyBool_Check(values[18]) || !PyLong_CheckExact(values[19]) ||
+        !PyUnicode_CheckExact(values[20]) || !PyUnicode_CheckExact(values[21]))
+        return NULL;
+    PyObject *shape_key = PyTuple_New(FAST_KEY_COUNT - 14);
+    if (shape_key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    for (int i = 14; i < FAST_KEY_COUNT; i++) {
+        Py_INCREF(values[i]);
+        PyTuple_SET_ITEM(shape_key, i - 14, values[i]);
+    }
+    PyObject *shape = lookup(shapes, shape_key);
+    Py_DECREF(shape_key);
+    if (shape == NULL || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != 11) return NULL;
+    PyObject *sizes_in = known_sizes(sizes, values[9]);
+    PyObject *sizes_out = sizes_in == NULL ? NULL : known_sizes(sizes, values[10]);
+    PyObject *dtypes_in = sizes_out == NULL ? NULL : known_dtypes(dtypes, values[11]);
+    PyObject *dtypes_out = dtypes_in == NULL ? NULL : known_dtypes(dtypes, values[12]);
+    PyObject *frames = dtypes_out == NULL ? NULL : known_frames(frame_tuples, values[13], empty);
+    if (frames == NULL) return NULL;
+    PyObject *zero_is_none[2] = {started, completed}; /* `started or None`: 0 means unknown */
+    for (int i = 0; i < 2; i++)
+        if (zero_is_none[i] != Py_None && PyLong_AsLongLong(zero_is_none[i]) == 0) zero_is_none[i] = Py_None;
+    PyObject *row = PyTuple_Pack(
+        27, rank, PyTuple_GET_ITEM(shape, 0), PyTuple_GET_ITEM(shape, 1), values[1], values[0], values[2], values[3],
+        values[4], PyTuple_GET_ITEM(shape, 2), PyTuple_GET_ITEM(shape, 3), PyTuple_GET_ITEM(shape, 4),
+        PyTuple_GET_ITEM(shape, 5), sizes_in, sizes_out, dtypes_in, dtypes_out, PyTuple_GET_ITEM(shape, 6),
+        PyTuple_GET_ITEM(shape, 7), values[5], zero_is_none[0], zero_is_none[1], duration, PyTuple_GET_ITEM(shape, 8),
+        PyTuple_GET_ITEM(shape, 9), PyTuple_GET_ITEM(shape, 10), frames, Py_None);
+    if (row == NULL) PyErr_Clear();
+    return row;
+}
+
+PyDoc_STRVAR(read_rows_doc,
+             "read_rows(entries, start, rank, keys, shapes, sizes, dtypes, frame_tuples, entry_type, out) -> int\n\n"
+             "Read entries[start:] as reader._read_entry_fast would, appending each row (made an\n"
+             "``entry_type`` when that is not None) to ``out``, up to the first entry whose repeating\n"
+             "fields are not cached yet; return that entry's index (len(entries) when none).");
+
+static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "read_rows takes 10 arguments");
+        return NULL;
+    }
+    PyObject *entries = args[0], *rank = args[2], *keys = args[3], *shapes = args[4], *sizes = args[5];
+    PyObject *dtypes = args[6], *frame_tuples = args[7], *entry_type = args[8], *out = args[9];
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(entries) || !PyList_Check(out) || !PyDict_CheckExact(shapes) ||
+        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(dtypes) || !PyDict_CheckExact(frame_tuples) ||
+        !PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != FAST_KEY_COUNT ||
+        (entry_type != Py_None && !(PyType_Check(entry_type) &&
+                                    PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type)))) {
+        PyErr_SetString(PyExc_TypeError, "read_rows: bad arguments");
+        return NULL;
+    }
+    PyObject *const *key_items = &PyTuple_GET_ITEM(keys, 0);
+    for (int i = 0; i < FAST_KEY_COUNT; i++)
+        if (!PyUnicode_CheckExact(key_items[i])) {
+            PyErr_SetString(PyExc_TypeError, "read_rows: keys must be strings");
+            return NULL;
+        }
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) return NULL;
+    for (; index >= 0 && index < PyList_GET_SIZE(entries); index++) {
+        PyObject *item = PyList_GET_ITEM(entries, index);
+        Py_INCREF(item);
+        PyObject *row = read_row(item, rank, key_items, shapes, sizes, dtypes, frame_tuples, empty);
+        Py_DECREF(item);
+        if (row == NULL) break;
+        if (entry_type != Py_None) {
+            PyObject *wrapped = PyTuple_Pack(1, row);
+            Py_DECREF(row);
+            if (wrapped == NULL) goto error;
+            row = PyTuple_Type.tp_new((PyTypeObject *)entry_type, wrapped, NULL); /* tuple.__new__(Entry, row) */
+            Py_DECREF(wrapped);
+            if (row == NULL) goto error;
+        }
+        int appended = PyList_Append(out, row);
+        Py_DECREF(row);
+        if (appended < 0) goto error;
+    }
+    Py_DECREF(empty);
+    return PyLong_FromSsize_t(index);
+error:
+    Py_DECREF(empty);
+    return NULL;
+}
+
+/* ---- writing ------------------------------------------------------------------------------------- */
 
 typedef struct {
     char *data;
@@ -295,6 +507,7 @@ finish:
 }
 
 static PyMethodDef methods[] = {
+    {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -302,7 +515,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "fr2perfetto._speedups",
-    .m_doc = "Optional C speed-ups for fr2perfetto's Perfetto writer.",
+    .m_doc = "Optional C speed-ups for fr2perfetto's reader and Perfetto writer.",
     .m_size = -1,
     .m_methods = methods,
 };

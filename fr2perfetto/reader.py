@@ -18,6 +18,11 @@ from .files import parse_dump_name
 from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump
 from .safe_pickle import RefusedPickle, loads_plain
 
+try:
+    from . import _speedups  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the Python reader reads every entry
+    _speedups = None
+
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
 _INT64_MAX = 2**63 - 1
 _P2P_PEERS = re.compile(r"(-?\d+)\s*(->|<-)\s*(-?\d+)")
@@ -147,7 +152,19 @@ def normalise(
     entries: list[Entry] = []
     skipped = 0
     first_reason = ""
-    for index, item in enumerate(raw_entries):
+    read_rows = _speedups.read_rows if _speedups is not None and major == 2 else None
+    index, count = 0, len(raw_entries)
+    while index < count:
+        if read_rows is not None:
+            # C reads the run of entries whose repeating fields are cached, as _read_entry_fast would
+            index = read_rows(
+                raw_entries, index, rank, _FAST_KEYS, caches.shapes, caches.sizes, caches.dtypes,
+                caches.frame_tuples, None if as_rows else Entry, entries,
+            )  # fmt: skip
+            if index >= count:
+                break
+        item = raw_entries[index]
+        index += 1
         try:
             row = _read_entry_fast(item, rank, caches) if major == 2 else None
             if row is not None:
@@ -159,7 +176,7 @@ def normalise(
             entries.append(entry)
         except _BadEntry as error:
             skipped += 1
-            first_reason = first_reason or f"entry {index}: {error}"
+            first_reason = first_reason or f"entry {index - 1}: {error}"
     if raw_entries and not entries:
         raise DumpError(f"no usable entry ({first_reason})")
     return RankDump(

@@ -1,8 +1,9 @@
 """Random mutations of real dumps: the reader fails only with its own error, never hangs, and its
-fast path reads every entry exactly as the full reader does."""
+fast paths (in C and in Python) read every entry exactly as the full reader does."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import pickle
@@ -36,19 +37,32 @@ WEIRD_VALUES = st.one_of(
 )
 
 
+def _read_without(data: bytes, *, c: bool, python_fast_path: bool):
+    """Read with the C reader and the Python fast path turned off as asked."""
+    with contextlib.ExitStack() as stack:
+        if not c:
+            stack.enter_context(mock.patch.object(reader, "_speedups", None))
+        if not python_fast_path:
+            stack.enter_context(mock.patch.object(reader, "_read_entry_fast", return_value=None))
+        return read_dump("/fuzz/nccl_trace_rank_3", data)
+
+
 def _read(data: bytes) -> None:
+    """The C reader, the Python fast path and the full reader all read the same."""
+    others = [dict(c=False, python_fast_path=True), dict(c=False, python_fast_path=False)]
     try:
         dump = read_dump("/fuzz/nccl_trace_rank_3", data)
     except DumpError as error:
         assert "\n" not in str(error)
-        with mock.patch.object(reader, "_read_entry_fast", return_value=None), pytest.raises(DumpError):
-            read_dump("/fuzz/nccl_trace_rank_3", data)
+        for ways in others:
+            with pytest.raises(DumpError):
+                _read_without(data, **ways)
         return
-    with mock.patch.object(reader, "_read_entry_fast", return_value=None):
-        in_full = read_dump("/fuzz/nccl_trace_rank_3", data)
-    # repr: a NaN is never equal to itself
-    assert repr(dump.entries) == repr(in_full.entries)
-    assert (dump.skipped_entries, dump.skipped_reason) == (in_full.skipped_entries, in_full.skipped_reason)
+    for ways in others:
+        other = _read_without(data, **ways)
+        # repr: a NaN is never equal to itself
+        assert repr(dump.entries) == repr(other.entries), ways
+        assert (dump.skipped_entries, dump.skipped_reason) == (other.skipped_entries, other.skipped_reason), ways
     # what reads must also match and lay out without error
     match_ops(build_job({dump.rank: dump}))
 
