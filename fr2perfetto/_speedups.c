@@ -220,6 +220,196 @@ error:
     return NULL;
 }
 
+/* ---- matching ------------------------------------------------------------------------------------ */
+
+/* Indices of Entry's fields, checked against the entries: every entry must be a tuple this long. */
+static int read_indices(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t count, Py_ssize_t *needed) {
+    if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != count) {
+        PyErr_SetString(PyExc_TypeError, "bad tuple of entry field indices");
+        return -1;
+    }
+    *needed = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        indices[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(tuple, i));
+        if (indices[i] == -1 && PyErr_Occurred()) return -1;
+        if (indices[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "negative entry field index");
+            return -1;
+        }
+        if (indices[i] + 1 > *needed) *needed = indices[i] + 1;
+    }
+    return 0;
+}
+
+static int is_entry(PyObject *entry, Py_ssize_t needed) {
+    if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= needed) return 1;
+    PyErr_SetString(PyExc_TypeError, "not an entry");
+    return 0;
+}
+
+/* table[key], made by make() when absent. Borrowed; NULL on error. */
+static PyObject *get_or_make(PyObject *table, PyObject *key, PyObject *(*make)(Py_ssize_t)) {
+    PyObject *found = PyDict_GetItemWithError(table, key);
+    if (found != NULL || PyErr_Occurred()) return found;
+    PyObject *made = make(0);
+    if (made == NULL) return NULL;
+    int set = PyDict_SetItem(table, key, made);
+    Py_DECREF(made);
+    return set < 0 ? NULL : made;
+}
+
+static PyObject *new_dict(Py_ssize_t unused) {
+    (void)unused;
+    return PyDict_New();
+}
+
+/* The span of collective seqs seen of (rank, group): widen covered[key] = [first, last] to seq. */
+static int widen_span(PyObject *covered, PyObject *key, PyObject *seq) {
+    PyObject *span = PyDict_GetItemWithError(covered, key);
+    if (span == NULL) {
+        if (PyErr_Occurred()) return -1;
+        span = PyList_New(2);
+        if (span == NULL) return -1;
+        Py_INCREF(seq);
+        Py_INCREF(seq);
+        PyList_SET_ITEM(span, 0, seq);
+        PyList_SET_ITEM(span, 1, seq);
+        int set = PyDict_SetItem(covered, key, span);
+        Py_DECREF(span);
+        return set;
+    }
+    if (!PyList_CheckExact(span) || PyList_GET_SIZE(span) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a covered span must be a list of two seqs");
+        return -1;
+    }
+    int above = PyObject_RichCompareBool(seq, PyList_GET_ITEM(span, 1), Py_GT);
+    if (above < 0) return -1;
+    if (above) return PyList_SetItem(span, 1, Py_NewRef(seq));
+    int below = PyObject_RichCompareBool(seq, PyList_GET_ITEM(span, 0), Py_LT);
+    if (below < 0) return -1;
+    return below ? PyList_SetItem(span, 0, Py_NewRef(seq)) : 0;
+}
+
+PyDoc_STRVAR(bucket_collectives_doc,
+             "bucket_collectives(entries, rank, groups_by_name, collectives, covered, fields) -> list\n\n"
+             "match._bucket_collectives: file each collective entry of one rank under its (group, seq)\n"
+             "and widen its (rank, group) span; return the rank's p2p entries, in order.");
+
+static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "bucket_collectives takes 6 arguments");
+        return NULL;
+    }
+    PyObject *entries = args[0], *rank = args[1], *groups_by_name = args[2], *collectives = args[3];
+    PyObject *covered = args[4];
+    Py_ssize_t fields[3], needed; /* group_name, is_p2p, collective_seq */
+    if (!PyList_CheckExact(entries) || !PyDict_Check(groups_by_name) || !PyDict_Check(collectives) ||
+        !PyDict_Check(covered)) {
+        PyErr_SetString(PyExc_TypeError, "bucket_collectives: bad arguments");
+        return NULL;
+    }
+    if (read_indices(args[5], fields, 3, &needed) < 0) return NULL;
+    PyObject *p2p = PyList_New(0);
+    if (p2p == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+        PyObject *entry = Py_NewRef(PyList_GET_ITEM(entries, i));
+        PyObject *key = NULL, *span_key = NULL;
+        int ok = 0;
+        if (!is_entry(entry, needed)) goto next;
+        int is_p2p = PyObject_IsTrue(PyTuple_GET_ITEM(entry, fields[1]));
+        if (is_p2p < 0) goto next;
+        if (is_p2p) {
+            ok = PyList_Append(p2p, entry) == 0;
+            goto next;
+        }
+        PyObject *group = PyDict_GetItemWithError(groups_by_name, PyTuple_GET_ITEM(entry, fields[0]));
+        if (group == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(entry, fields[0]));
+            goto next;
+        }
+        PyObject *seq = PyTuple_GET_ITEM(entry, fields[2]);
+        if ((key = PyTuple_Pack(2, group, seq)) == NULL) goto next;
+        PyObject *by_rank = get_or_make(collectives, key, new_dict);
+        PyObject *list = by_rank == NULL ? NULL : get_or_make(by_rank, rank, PyList_New);
+        if (list == NULL || PyList_Append(list, entry) < 0) goto next;
+        if ((span_key = PyTuple_Pack(2, rank, group)) == NULL) goto next;
+        ok = widen_span(covered, span_key, seq) == 0;
+    next:
+        Py_XDECREF(key);
+        Py_XDECREF(span_key);
+        Py_DECREF(entry);
+        if (!ok) {
+            Py_DECREF(p2p);
+            return NULL;
+        }
+    }
+    return p2p;
+}
+
+PyDoc_STRVAR(scan_op_doc,
+             "scan_op(entries_by_rank, fields, completed, scheduled, untracked_backends) -> tuple | None\n\n"
+             "match._scan for an op where every rank holds one entry: (first time, alike, pending);\n"
+             "None when some rank holds several (a coalesced group), for the Python scan to do.");
+
+static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "scan_op takes 5 arguments");
+        return NULL;
+    }
+    PyObject *by_rank = args[0], *completed = args[2], *scheduled = args[3], *untracked = args[4];
+    /* time_created_ns, op, input_sizes, input_dtypes, state, backend, closed_by */
+    Py_ssize_t fields[7], needed;
+    if (!PyDict_Check(by_rank) || !PyTuple_Check(untracked)) {
+        PyErr_SetString(PyExc_TypeError, "scan_op: bad arguments");
+        return NULL;
+    }
+    if (read_indices(args[1], fields, 7, &needed) < 0) return NULL;
+    Py_ssize_t position = 0, pending = 0;
+    PyObject *rank, *entries, *first_time = NULL, *reference = NULL;
+    int alike = 1;
+    if (PyDict_GET_SIZE(by_rank) == 0) Py_RETURN_NONE;
+    /* Nothing here runs Python code that could change the dict: entries hold plain values. */
+    while (PyDict_Next(by_rank, &position, &rank, &entries)) {
+        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) Py_RETURN_NONE;
+        PyObject *head = PyList_GET_ITEM(entries, 0);
+        if (!is_entry(head, needed)) return NULL;
+        PyObject *created = PyTuple_GET_ITEM(head, fields[0]);
+        if (first_time == NULL) {
+            first_time = created;
+        } else {
+            int earlier = PyObject_RichCompareBool(created, first_time, Py_LT);
+            if (earlier < 0) return NULL;
+            if (earlier) first_time = created;
+        }
+        if (reference == NULL) {
+            reference = head;
+        } else if (alike) {
+            for (int i = 1; i < 4 && alike; i++) {
+                int differs = PyObject_RichCompareBool(PyTuple_GET_ITEM(head, fields[i]),
+                                                       PyTuple_GET_ITEM(reference, fields[i]), Py_NE);
+                if (differs < 0) return NULL;
+                if (differs) alike = 0;
+            }
+        }
+        PyObject *last = PyTuple_GET_ITEM(head, fields[6]);
+        if (last == Py_None) last = head;
+        else if (!is_entry(last, needed)) return NULL;
+        PyObject *state = PyTuple_GET_ITEM(last, fields[4]);
+        int done = PyObject_RichCompareBool(state, completed, Py_EQ);
+        if (done < 0) return NULL;
+        if (done) continue;
+        /* tracks_completion(last): a backend that records completion, or a state past scheduled */
+        int untracked_backend = PySequence_Contains(untracked, PyTuple_GET_ITEM(last, fields[5]));
+        if (untracked_backend < 0) return NULL;
+        int is_scheduled = untracked_backend ? PyObject_RichCompareBool(state, scheduled, Py_EQ) : 0;
+        if (is_scheduled < 0) return NULL;
+        if (!untracked_backend || !is_scheduled) pending++;
+    }
+    return Py_BuildValue("(OOn)", first_time, alike ? Py_True : Py_False, pending);
+}
+
 /* ---- writing ------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -508,6 +698,8 @@ finish:
 
 static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
+    {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
+    {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -17,6 +17,7 @@ from .model import (
     MISMATCH,
     MISSING,
     OK,
+    SCHEDULED,
     STUCK,
     Entry,
     Group,
@@ -54,6 +55,20 @@ P2PKey = tuple[Group, int, int, int]
 
 
 _op_of = attrgetter("op")
+_group_name_of = attrgetter("group_name")
+# Where the C speed-ups find what they read in an Entry.
+_BUCKET_FIELDS = tuple(Entry._fields.index(name) for name in ("group_name", "is_p2p", "collective_seq"))
+_SCAN_FIELDS = tuple(
+    Entry._fields.index(name)
+    for name in ("time_created_ns", "op", "input_sizes", "input_dtypes", "state", "backend", "closed_by")
+)
+# Backends that record when an op was enqueued, never when it completed.
+NO_COMPLETION_BACKENDS = ("gloo", "c10d")
+
+try:
+    from . import _speedups  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler
+    _speedups = None
 
 
 def link_coalesced(job: Job) -> None:
@@ -92,28 +107,17 @@ def match_ops(job: Job) -> list[MatchedOp]:
     collectives: dict[CollectiveKey, dict[int, list[Entry]]] = defaultdict(dict)
     p2p: dict[P2PKey, dict[int, list[Entry]]] = defaultdict(dict)
     covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
+    bucket = _speedups.bucket_collectives if _speedups is not None else _bucket_collectives
     for rank, dump in job.dumps.items():
-        groups_by_name: dict[str, Group] = {}
-        for entry in dump.entries:
-            group = groups_by_name.get(entry.group_name)  # type: ignore[assignment]
-            if group is None:
-                group = groups_by_name[entry.group_name] = job.group_of[(rank, entry.group_name)]
-            if entry.is_p2p:
-                if entry.p2p_local is None:
-                    continue  # the closing entry of a p2p batch; its state lives on in closed_by
-                src, dst = (group.global_rank(x) for x in entry.p2p_local)
-                if src is None or dst is None:
-                    src, dst = entry.p2p_local  # trust the numbers rather than drop the op
-                p2p[(group, src, dst, entry.p2p_seq)].setdefault(rank, []).append(entry)
-                continue
-            collectives[(group, entry.collective_seq)].setdefault(rank, []).append(entry)
-            span = covered.get((rank, group))
-            if span is None:
-                covered[(rank, group)] = [entry.collective_seq, entry.collective_seq]
-            elif entry.collective_seq > span[1]:
-                span[1] = entry.collective_seq
-            elif entry.collective_seq < span[0]:
-                span[0] = entry.collective_seq
+        groups_by_name = {name: job.group_of[(rank, name)] for name in set(map(_group_name_of, dump.entries))}
+        for entry in bucket(dump.entries, rank, groups_by_name, collectives, covered, _BUCKET_FIELDS):
+            if entry.p2p_local is None:
+                continue  # the closing entry of a p2p batch; its state lives on in closed_by
+            group = groups_by_name[entry.group_name]
+            src, dst = (group.global_rank(x) for x in entry.p2p_local)
+            if src is None or dst is None:
+                src, dst = entry.p2p_local  # trust the numbers rather than drop the op
+            p2p[(group, src, dst, entry.p2p_seq)].setdefault(rank, []).append(entry)
 
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
@@ -141,7 +145,47 @@ def match_ops(job: Job) -> list[MatchedOp]:
     return ops
 
 
+def _bucket_collectives(
+    entries: list[Entry],
+    rank: int,
+    groups_by_name: dict[str, Group],
+    collectives: dict[CollectiveKey, dict[int, list[Entry]]],
+    covered: dict[tuple[int, Group], list[int]],
+    fields: tuple[int, ...] = (),
+) -> list[Entry]:
+    """File each collective entry of one rank under its (group, seq) in ``collectives`` and widen the
+    rank's span of seqs on that group in ``covered``; return the rank's p2p entries, in order.
+
+    ``_speedups.bucket_collectives`` does the same in C (``fields``: where it finds what it reads).
+    """
+    p2p_entries = []
+    for entry in entries:
+        if entry.is_p2p:
+            p2p_entries.append(entry)
+            continue
+        group = groups_by_name[entry.group_name]
+        seq = entry.collective_seq
+        collectives[(group, seq)].setdefault(rank, []).append(entry)
+        span = covered.get((rank, group))
+        if span is None:
+            covered[(rank, group)] = [seq, seq]
+        elif seq > span[1]:
+            span[1] = seq
+        elif seq < span[0]:
+            span[0] = seq
+    return p2p_entries
+
+
 def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int]:
+    """What ``_scan_in_python`` says; in C where the speed-ups are built and every rank holds one entry."""
+    if _speedups is not None:
+        scanned = _speedups.scan_op(entries_by_rank, _SCAN_FIELDS, COMPLETED, SCHEDULED, NO_COMPLETION_BACKENDS)
+        if scanned is not None:
+            return scanned  # type: ignore[no-any-return]
+    return _scan_in_python(entries_by_rank)
+
+
+def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int]:
     """One pass over an op's entries: when the first rank enqueued it, whether every rank issued the
     same ops with the same sizes and dtypes, and how many ranks have not completed it.
 
@@ -247,7 +291,7 @@ def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = Non
 
 def tracks_completion(entry: Entry) -> bool:
     """Whether the entry's backend records completion (NCCL and its kin do; gloo never does)."""
-    return entry.backend not in ("gloo", "c10d") or entry.state != "scheduled"
+    return entry.backend not in NO_COMPLETION_BACKENDS or entry.state != SCHEDULED
 
 
 def minority(signatures: dict[int, tuple[object, ...]]) -> tuple[int, ...]:

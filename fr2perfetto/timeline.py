@@ -15,7 +15,7 @@ from typing import Union
 
 from .fold import View, full_view
 from .job import Job
-from .match import tracks_completion
+from .match import NO_COMPLETION_BACKENDS, tracks_completion
 from .model import (
     COMPLETED,
     INCOMPLETE,
@@ -403,7 +403,7 @@ def op_look(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highl
     The caller keys it by every field of ``head`` and ``last`` that goes into it, so that the
     ranks that issued an op alike share one look.
     """
-    gloo = last.backend in ("gloo", "c10d") and last.time_started_ns is None and last.time_completed_ns is None
+    gloo = last.backend in NO_COMPLETION_BACKENDS and last.time_started_ns is None and last.time_completed_ns is None
     status = op.status
     name = op.title_as(head.op) if op.kind == "p2p" else op.title
     if status != OK and (status != INCOMPLETE or last.state != COMPLETED):
