@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from fr2perfetto import match, reader
 from fr2perfetto.model import Entry
 from fr2perfetto.renderers import perfetto as perfetto_writer
 from fr2perfetto.renderers.perfetto import PerfettoWriter
@@ -22,25 +24,36 @@ NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint lik
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    assert perfetto_writer._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
+    for module in (reader, match, perfetto_writer):
+        assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
-def _convert(folder: Path, out: Path, monkeypatch: pytest.MonkeyPatch, pure: bool) -> bytes:
+def _without_speedups(patch: pytest.MonkeyPatch) -> None:
+    for module in (reader, match, perfetto_writer):
+        patch.setattr(module, "_speedups", None)
+
+
+def _convert(folder: Path, out: Path, monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[bytes, str]:
+    """The trace's bytes and the JSON report, with or without the C speed-ups."""
     with monkeypatch.context() as patch:
         if pure:
-            patch.setattr(perfetto_writer, "_speedups", None)
+            _without_speedups(patch)
         code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "1", "-q", "--full")
-    assert code == 0, stderr
-    return out.read_bytes()
+        assert code == 0, stderr
+        _, report, _ = run_cli("analyze", str(folder), "--json", "-j", "1")
+    return out.read_bytes(), report
 
 
-@pytest.mark.parametrize("sample", ["gloo/skip", "gloo/deadlock", "nccl/demo", "nccl/straggler", "nccl/wrap"])
-def test_samples_convert_to_the_same_bytes_with_and_without_speedups(
+@pytest.mark.parametrize(
+    "sample", ["gloo/skip", "gloo/deadlock", "nccl/demo", "nccl/straggler", "nccl/wrap", "nccl/send_without_recv"]
+)
+def test_samples_read_match_and_convert_the_same_with_and_without_speedups(
     sample: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    fast = _convert(SAMPLES / sample, tmp_path / "fast.pftrace", monkeypatch, pure=False)
-    pure = _convert(SAMPLES / sample, tmp_path / "pure.pftrace", monkeypatch, pure=True)
-    assert fast == pure
+    fast_trace, fast_report = _convert(SAMPLES / sample, tmp_path / "fast.pftrace", monkeypatch, pure=False)
+    pure_trace, pure_report = _convert(SAMPLES / sample, tmp_path / "pure.pftrace", monkeypatch, pure=True)
+    assert fast_trace == pure_trace
+    assert fast_report == pure_report and json.loads(fast_report)["findings"]
     trace = read_trace(str(tmp_path / "fast.pftrace"))
     assert len(trace.all_slices()) >= 5 and trace.flows
 
@@ -109,3 +122,13 @@ def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(writer, "_slice_packets", lambda item, codes: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         writer.slices(42, [Slice(NOW, None, SliceLook("marker", ()))])
+
+
+def test_the_c_reader_reads_all_but_the_first_entry_of_each_kind(monkeypatch: pytest.MonkeyPatch):
+    calls = []
+    python_fast_path = reader._read_entry_fast
+    monkeypatch.setattr(reader, "_read_entry_fast", lambda *args: calls.append(1) or python_fast_path(*args))
+    dump = reader.read_dump(str(SAMPLES / "nccl" / "straggler" / "nccl_trace_rank_0"))
+    assert len(dump.entries) == 30
+    # each kind of entry (op, group, state, stack...) is read once in Python, which teaches the C reader
+    assert 0 < len(calls) <= len({(e.op, e.group_name, e.state, e.frames) for e in dump.entries}) + 2
