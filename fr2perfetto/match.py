@@ -28,6 +28,7 @@ from .model import (
     majority_op,
     state_entry,
 )
+from .speedups import SPEEDUPS as _speedups
 
 # Ops whose input sizes must agree on every rank. Others (gather, scatter, all_to_all, p2p) may
 # legitimately differ between ranks.
@@ -64,11 +65,6 @@ _SCAN_FIELDS = tuple(
 )
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
-
-try:
-    from . import _speedups  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler
-    _speedups = None
 
 
 def link_coalesced(job: Job) -> None:

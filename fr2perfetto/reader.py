@@ -17,11 +17,7 @@ from typing import Any
 from .files import parse_dump_name
 from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump
 from .safe_pickle import RefusedPickle, loads_plain
-
-try:
-    from . import _speedups  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python reader reads every entry
-    _speedups = None
+from .speedups import SPEEDUPS as _speedups
 
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
 _INT64_MAX = 2**63 - 1

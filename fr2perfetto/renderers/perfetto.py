@@ -16,13 +16,9 @@ from typing import IO, NamedTuple, TypeVar
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..model import Entry
+from ..speedups import SPEEDUPS as _speedups
 from ..timeline import ArgValue, Slice, SliceLook, Track, thread_label
 from .wire import Field, varint
-
-try:
-    from .. import _speedups  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the same bytes, from Python
-    _speedups = None
 
 SEQUENCE_ID = 1
 
