@@ -1,13 +1,16 @@
-/* Optional C speed-ups for the two hottest loops of a conversion: reading entries and encoding slices.
+/* Optional C speed-ups for the loops that run once per entry or per slice of a conversion.
  *
- * Each function does exactly what a Python function of fr2perfetto does, for the common case only, and
- * leaves every other case to that Python code, so results never depend on which path ran:
+ * Each function does exactly what a Python twin in fr2perfetto does, for the common case only, and
+ * leaves every other case to that twin, so results never depend on which path ran:
  *
  * - read_rows() reads 2.x entries as reader._read_entry_fast does, for entries whose repeating fields
  *   (op, group, state, thread, sizes, dtypes, stack) the Python reader has already checked; it stops at
  *   the first entry that is not so and lets the Python reader take it. It only looks values up and
- *   compares types and ranges: a dump never makes it run code, allocate by a size it gives, or index
- *   by a number it gives.
+ *   compares types and ranges; it allocates only in proportion to what the dump already holds in
+ *   memory and never indexes by a number the dump gives. The dump holds plain data (the unpickler
+ *   allows nothing else), so nothing here runs Python code.
+ * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
+ *   latter for ops where every rank holds one entry).
  * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
  *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
  *   varints; every other slice, and every marker, goes to the Python fallback it is given.
@@ -20,7 +23,6 @@
 /* ---- reading ------------------------------------------------------------------------------------- */
 
 #define FAST_KEY_COUNT 22
-#define INT64_LIMIT 9223372036854775807LL
 
 /* 1 when value is an int (not a bool) in 0..2**63-1. */
 static int is_count(PyObject *value) {
@@ -349,8 +351,8 @@ static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_
 
 PyDoc_STRVAR(scan_op_doc,
              "scan_op(entries_by_rank, fields, completed, scheduled, untracked_backends) -> tuple | None\n\n"
-             "match._scan for an op where every rank holds one entry: (first time, alike, pending);\n"
-             "None when some rank holds several (a coalesced group), for the Python scan to do.");
+             "match._scan_in_python for an op where every rank holds one entry: (first time, alike,\n"
+             "pending, creation times); None when some rank holds several (a coalesced group).");
 
 static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -366,21 +368,27 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     if (read_indices(args[1], fields, 7, &needed) < 0) return NULL;
-    Py_ssize_t position = 0, pending = 0;
+    Py_ssize_t position = 0, pending = 0, count = 0;
     PyObject *rank, *entries, *first_time = NULL, *reference = NULL;
     int alike = 1;
     if (PyDict_GET_SIZE(by_rank) == 0) Py_RETURN_NONE;
+    PyObject *created_ns = PyList_New(PyDict_GET_SIZE(by_rank));
+    if (created_ns == NULL) return NULL;
     /* Nothing here runs Python code that could change the dict: entries hold plain values. */
     while (PyDict_Next(by_rank, &position, &rank, &entries)) {
-        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) Py_RETURN_NONE;
+        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) {
+            Py_DECREF(created_ns);
+            Py_RETURN_NONE;
+        }
         PyObject *head = PyList_GET_ITEM(entries, 0);
-        if (!is_entry(head, needed)) return NULL;
+        if (!is_entry(head, needed)) goto error;
         PyObject *created = PyTuple_GET_ITEM(head, fields[0]);
+        PyList_SET_ITEM(created_ns, count++, Py_NewRef(created));
         if (first_time == NULL) {
             first_time = created;
         } else {
             int earlier = PyObject_RichCompareBool(created, first_time, Py_LT);
-            if (earlier < 0) return NULL;
+            if (earlier < 0) goto error;
             if (earlier) first_time = created;
         }
         if (reference == NULL) {
@@ -389,25 +397,32 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
             for (int i = 1; i < 4 && alike; i++) {
                 int differs = PyObject_RichCompareBool(PyTuple_GET_ITEM(head, fields[i]),
                                                        PyTuple_GET_ITEM(reference, fields[i]), Py_NE);
-                if (differs < 0) return NULL;
+                if (differs < 0) goto error;
                 if (differs) alike = 0;
             }
         }
         PyObject *last = PyTuple_GET_ITEM(head, fields[6]);
         if (last == Py_None) last = head;
-        else if (!is_entry(last, needed)) return NULL;
+        else if (!is_entry(last, needed)) goto error;
         PyObject *state = PyTuple_GET_ITEM(last, fields[4]);
         int done = PyObject_RichCompareBool(state, completed, Py_EQ);
-        if (done < 0) return NULL;
+        if (done < 0) goto error;
         if (done) continue;
         /* tracks_completion(last): a backend that records completion, or a state past scheduled */
         int untracked_backend = PySequence_Contains(untracked, PyTuple_GET_ITEM(last, fields[5]));
-        if (untracked_backend < 0) return NULL;
+        if (untracked_backend < 0) goto error;
         int is_scheduled = untracked_backend ? PyObject_RichCompareBool(state, scheduled, Py_EQ) : 0;
-        if (is_scheduled < 0) return NULL;
+        if (is_scheduled < 0) goto error;
         if (!untracked_backend || !is_scheduled) pending++;
     }
-    return Py_BuildValue("(OOn)", first_time, alike ? Py_True : Py_False, pending);
+    if (count != PyList_GET_SIZE(created_ns)) {
+        PyErr_SetString(PyExc_RuntimeError, "scan_op: the op's entries changed while it was scanned");
+        goto error;
+    }
+    return Py_BuildValue("(OOnN)", first_time, alike ? Py_True : Py_False, pending, created_ns);
+error:
+    Py_DECREF(created_ns);
+    return NULL;
 }
 
 /* ---- writing ------------------------------------------------------------------------------------- */

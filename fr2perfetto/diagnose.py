@@ -394,7 +394,7 @@ def rule_straggler(evidence: Evidence) -> list[Finding]:
     for op in evidence.ops:
         if op.kind != "collective" or len(op.entries) < 3:
             continue
-        created = [entries[0].time_created_ns for entries in op.entries.values()]
+        created = op.created_ns
         middle = statistics.median(created)
         considered += 1
         latest_time = max(created)

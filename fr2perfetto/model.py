@@ -179,6 +179,8 @@ class MatchedOp:
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
     name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
     first_time_ns: int = 0  # when the first rank enqueued it (set by the matcher)
+    # when each rank of ``entries`` enqueued it (its first entry), in the same order (set by the matcher)
+    created_ns: list[int] = field(default_factory=list)
 
     @property
     def title(self) -> str:

@@ -1,9 +1,12 @@
-"""The C speed-ups write exactly the bytes the Python writer writes, on every path through them."""
+"""The C speed-ups give exactly what their Python twins give, on every path through them."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,11 @@ def test_the_c_reader_reads_all_but_the_first_entry_of_each_kind(monkeypatch: py
     assert len(dump.entries) == 30
     # each kind of entry (op, group, state, stack...) is read once in Python, which teaches the C reader
     assert 0 < len(calls) <= len({(e.op, e.group_name, e.state, e.frames) for e in dump.entries}) + 2
+
+
+def test_an_environment_variable_turns_the_speedups_off():
+    script = "from fr2perfetto import speedups; print(speedups.SPEEDUPS is None)"
+    for value, off in (("1", "True"), ("0", "False")):
+        env = dict(os.environ, FR2PERFETTO_NO_SPEEDUPS=value)
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert result.stdout.strip() == off
