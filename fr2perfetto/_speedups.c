@@ -9,6 +9,7 @@
  *   compares types and ranges; it allocates only in proportion to what the dump already holds in
  *   memory and never indexes by a number the dump gives. The dump holds plain data (the unpickler
  *   allows nothing else), so nothing here runs Python code.
+ * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
  * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
@@ -220,6 +221,45 @@ static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
 error:
     Py_DECREF(empty);
     return NULL;
+}
+
+PyDoc_STRVAR(entries_from_columns_doc,
+             "entries_from_columns(entry_type, columns) -> list\n\n"
+             "job._entries_from_columns: one ``entry_type`` (a tuple subclass) per row of ``columns``, a list\n"
+             "of equally long tuples, one per field.");
+
+static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) ||
+        !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "entries_from_columns(entry_type, columns)");
+        return NULL;
+    }
+    PyTypeObject *entry_type = (PyTypeObject *)args[0];
+    PyObject *columns = args[1];
+    Py_ssize_t fields = PyList_GET_SIZE(columns), rows = fields ? -1 : 0;
+    for (Py_ssize_t f = 0; f < fields; f++) {
+        PyObject *column = PyList_GET_ITEM(columns, f);
+        if (!PyTuple_CheckExact(column) || (rows >= 0 && PyTuple_GET_SIZE(column) != rows)) {
+            PyErr_SetString(PyExc_ValueError, "entries_from_columns: columns must be tuples of one length");
+            return NULL;
+        }
+        rows = PyTuple_GET_SIZE(column);
+    }
+    PyObject *entries = PyList_New(rows);
+    if (entries == NULL) return NULL;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        /* as tuple.__new__(entry_type, row) does it: allocate the subclass, then fill it */
+        PyObject *entry = entry_type->tp_alloc(entry_type, fields);
+        if (entry == NULL) {
+            Py_DECREF(entries);
+            return NULL;
+        }
+        for (Py_ssize_t f = 0; f < fields; f++)
+            PyTuple_SET_ITEM(entry, f, Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(columns, f), r)));
+        PyList_SET_ITEM(entries, r, entry);
+    }
+    return entries;
 }
 
 /* ---- matching ------------------------------------------------------------------------------------ */
@@ -713,6 +753,8 @@ finish:
 
 static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
+    {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
+     entries_from_columns_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},

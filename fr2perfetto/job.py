@@ -20,6 +20,7 @@ from .files import expand_inputs
 from .gcpause import gc_paused
 from .model import Entry, Group, LoadProblem, RankDump, ranks_label
 from .reader import DumpError, read_dump, read_dump_rows
+from .speedups import SPEEDUPS as _speedups
 
 
 @dataclass(slots=True)
@@ -95,12 +96,13 @@ def _unpack(packed: Packed | LoadProblem) -> RankDump | LoadProblem:
     if isinstance(packed, LoadProblem):
         return packed
     dump, columns = packed
-    # Each row becomes an Entry in one C call: no Python code per entry.
-    dump.entries = list(map(_new_tuple, repeat(Entry), zip(*columns, strict=True))) if columns else []
+    dump.entries = (_speedups.entries_from_columns if _speedups is not None else _entries_from_columns)(Entry, columns)
     return dump
 
 
-_new_tuple = tuple.__new__
+def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
+    """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
+    return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))  # type: ignore[arg-type]
 
 
 def read_files(

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from fr2perfetto import match, reader
+from fr2perfetto import job, match, reader
 from fr2perfetto.model import Entry
 from fr2perfetto.renderers import perfetto as perfetto_writer
 from fr2perfetto.renderers.perfetto import PerfettoWriter
+from fr2perfetto.speedups import SPEEDUPS
 from fr2perfetto.timeline import Slice, SliceLook
 
 from .conftest import run_cli
@@ -27,23 +28,23 @@ NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint lik
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    for module in (reader, match, perfetto_writer):
+    for module in (reader, job, match, perfetto_writer):
         assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
 def _without_speedups(patch: pytest.MonkeyPatch) -> None:
-    for module in (reader, match, perfetto_writer):
+    for module in (reader, job, match, perfetto_writer):
         patch.setattr(module, "_speedups", None)
 
 
 def _convert(folder: Path, out: Path, monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[bytes, str]:
-    """The trace's bytes and the JSON report, with or without the C speed-ups."""
+    """The trace's bytes and the JSON report, with or without the C speed-ups (read in two processes)."""
     with monkeypatch.context() as patch:
         if pure:
             _without_speedups(patch)
-        code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "1", "-q", "--full")
+        code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "2", "-q", "--full")
         assert code == 0, stderr
-        _, report, _ = run_cli("analyze", str(folder), "--json", "-j", "1")
+        _, report, _ = run_cli("analyze", str(folder), "--json", "-j", "2")
     return out.read_bytes(), report
 
 
@@ -143,3 +144,16 @@ def test_an_environment_variable_turns_the_speedups_off():
         env = dict(os.environ, FR2PERFETTO_NO_SPEEDUPS=value)
         result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
         assert result.stdout.strip() == off
+
+
+def test_entries_cross_from_columns_the_same_in_c_and_python():
+    assert SPEEDUPS is not None
+    rows = [tuple(_entry(op_id=n, record_id=n, time_created_ns=NOW + n)) for n in range(5)]
+    columns = list(zip(*rows, strict=True))
+    made_in_c = SPEEDUPS.entries_from_columns(Entry, columns)
+    made_in_python = job._entries_from_columns(Entry, columns)
+    assert made_in_c == made_in_python and [e.op_id for e in made_in_c] == [0, 1, 2, 3, 4]
+    assert all(type(e) is Entry for e in made_in_c) and made_in_c[2].time_created_ns == NOW + 2
+    assert SPEEDUPS.entries_from_columns(Entry, []) == []
+    with pytest.raises(ValueError, match="one length"):
+        SPEEDUPS.entries_from_columns(Entry, [columns[0], columns[1][:3]])
