@@ -392,7 +392,7 @@ static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_
 PyDoc_STRVAR(scan_op_doc,
              "scan_op(entries_by_rank, fields, completed, scheduled, untracked_backends) -> tuple | None\n\n"
              "match._scan_in_python for an op where every rank holds one entry: (first time, alike,\n"
-             "pending, creation times); None when some rank holds several (a coalesced group).");
+             "pending, creation times, states); None when some rank holds several (a coalesced group).");
 
 static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -412,18 +412,19 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
     PyObject *rank, *entries, *first_time = NULL, *reference = NULL;
     int alike = 1;
     if (PyDict_GET_SIZE(by_rank) == 0) Py_RETURN_NONE;
-    PyObject *created_ns = PyList_New(PyDict_GET_SIZE(by_rank));
-    if (created_ns == NULL) return NULL;
+    PyObject *created_ns = PyList_New(PyDict_GET_SIZE(by_rank)), *states = PyList_New(PyDict_GET_SIZE(by_rank));
+    if (created_ns == NULL || states == NULL) goto error;
     /* Nothing here runs Python code that could change the dict: entries hold plain values. */
     while (PyDict_Next(by_rank, &position, &rank, &entries)) {
         if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) {
             Py_DECREF(created_ns);
+            Py_DECREF(states);
             Py_RETURN_NONE;
         }
         PyObject *head = PyList_GET_ITEM(entries, 0);
         if (!is_entry(head, needed)) goto error;
         PyObject *created = PyTuple_GET_ITEM(head, fields[0]);
-        PyList_SET_ITEM(created_ns, count++, Py_NewRef(created));
+        PyList_SET_ITEM(created_ns, count, Py_NewRef(created));
         if (first_time == NULL) {
             first_time = created;
         } else {
@@ -445,6 +446,7 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (last == Py_None) last = head;
         else if (!is_entry(last, needed)) goto error;
         PyObject *state = PyTuple_GET_ITEM(last, fields[4]);
+        PyList_SET_ITEM(states, count++, Py_NewRef(state));
         int done = PyObject_RichCompareBool(state, completed, Py_EQ);
         if (done < 0) goto error;
         if (done) continue;
@@ -459,9 +461,10 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_RuntimeError, "scan_op: the op's entries changed while it was scanned");
         goto error;
     }
-    return Py_BuildValue("(OOnN)", first_time, alike ? Py_True : Py_False, pending, created_ns);
+    return Py_BuildValue("(OOnNN)", first_time, alike ? Py_True : Py_False, pending, created_ns, states);
 error:
-    Py_DECREF(created_ns);
+    Py_XDECREF(created_ns);
+    Py_XDECREF(states);
     return NULL;
 }
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .job import Job
-from .model import OK, Finding, Group, MatchedOp, ranks_label, state_entry
+from .model import OK, Finding, Group, MatchedOp, ranks_label
 
 # Measured on NCCL dumps with five-frame stacks: a slice costs about this much in a trace.
 BYTES_PER_OP = 280
@@ -152,9 +152,8 @@ def _fold_ranks(
             continue
         shape = (op.group.desc, len(op.group.members), op.kind, op.seq, op.name, op.status)
         by_state: dict[str, int] = {}
-        for rank, entries in op.entries.items():
+        for rank, state in zip(op.entries, op.states, strict=True):
             if rank in shown_set:
-                state = state_entry(entries).state
                 token = by_state.get(state)
                 if token is None:
                     token = by_state[state] = tokens.setdefault((*shape, state), len(tokens))

@@ -118,18 +118,19 @@ def match_ops(job: Job) -> list[MatchedOp]:
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
     for (group, seq), entries in collectives.items():
-        first_time, alike, pending, created = _scan(entries)
+        first_time, alike, pending, created, states = _scan(entries)
         op = MatchedOp(
-            group=group, kind="collective", seq=seq, entries=entries, first_time_ns=first_time, created_ns=created
-        )
+            group=group, kind="collective", seq=seq, entries=entries, first_time_ns=first_time, created_ns=created,
+            states=states,
+        )  # fmt: skip
         _find_absent(op, job, covered)
         ops.append(op)
         scans[id(op)] = (alike, pending)
     for (group, src, dst, seq), entries in p2p.items():
-        first_time, alike, pending, created = _scan(entries)
+        first_time, alike, pending, created, states = _scan(entries)
         op = MatchedOp(
             group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst), first_time_ns=first_time,
-            created_ns=created,
+            created_ns=created, states=states,
         )  # fmt: skip
         absent = [r for r in (src, dst) if r not in entries]
         op.missing = tuple(r for r in absent if r in job.dumps)
@@ -177,7 +178,7 @@ def _bucket_collectives(
     return p2p_entries
 
 
-def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int]]:
+def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
     """What ``_scan_in_python`` says; in C where the speed-ups are built and every rank holds one entry."""
     if _speedups is not None:
         scanned = _speedups.scan_op(entries_by_rank, _SCAN_FIELDS, COMPLETED, SCHEDULED, NO_COMPLETION_BACKENDS)
@@ -186,10 +187,10 @@ def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list
     return _scan_in_python(entries_by_rank)
 
 
-def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int]]:
+def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
     """One pass over an op's entries: when the first rank enqueued it, whether every rank issued the
-    same ops with the same sizes and dtypes, how many ranks have not completed it, and when each rank
-    enqueued it (its first entry), in the order of ``entries_by_rank``.
+    same ops with the same sizes and dtypes, how many ranks have not completed it, and, in the order of
+    ``entries_by_rank``, when each rank enqueued it (its first entry) and the state of its part.
 
     At thousands of ranks, reaching each entry in memory costs more than what is done with it, so
     everything the matcher and the diagnosis need of the entries is taken in this one visit.
@@ -199,6 +200,7 @@ def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool,
     reference: Entry | tuple[object, ...] | None = None
     pending = 0
     created_ns = []
+    states = []
     for entries in entries_by_rank.values():
         head = entries[0]
         created = head.time_created_ns
@@ -222,9 +224,10 @@ def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool,
             elif signature != reference:
                 alike = False
         last = state_entry(entries)
+        states.append(last.state)
         if last.state != COMPLETED and tracks_completion(last):
             pending += 1
-    return first_time, alike, pending, created_ns
+    return first_time, alike, pending, created_ns, states
 
 
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
@@ -263,7 +266,7 @@ def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = Non
     ``alike`` and ``pending``: what ``_scan(op.entries)`` says, if the caller knows it already.
     """
     if alike is None or pending is None:
-        _, alike, pending, _ = _scan(op.entries)
+        _, alike, pending, _, _ = _scan(op.entries)
     if op.missing:
         op.status = MISSING
         return

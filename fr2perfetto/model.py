@@ -179,8 +179,10 @@ class MatchedOp:
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
     name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
     first_time_ns: int = 0  # when the first rank enqueued it (set by the matcher)
-    # when each rank of ``entries`` enqueued it (its first entry), in the same order (set by the matcher)
+    # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry),
+    # and the state of each rank's part (that of its state entry).
     created_ns: list[int] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
 
     @property
     def title(self) -> str:
