@@ -2,7 +2,8 @@
 
 Event names, argument names and string values are interned on one packet sequence, so a name
 shared by thousands of ranks is written once. Track descriptors are built with Perfetto's protobuf
-classes; slice packets, which come by the million, are encoded by ``wire`` from the same schema.
+classes; slice packets, which come by the million, are encoded by ``wire`` from the same schema, and
+the common ones by ``_speedups.encode_slices`` in C, byte for byte the same.
 """
 
 from __future__ import annotations
