@@ -190,7 +190,7 @@ static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "read_rows: bad arguments");
         return NULL;
     }
-    PyObject *const *key_items = &PyTuple_GET_ITEM(keys, 0);
+    PyObject *const *key_items = PySequence_Fast_ITEMS(keys);
     for (int i = 0; i < FAST_KEY_COUNT; i++)
         if (!PyUnicode_CheckExact(key_items[i])) {
             PyErr_SetString(PyExc_TypeError, "read_rows: keys must be strings");
