@@ -56,7 +56,6 @@ P2PKey = tuple[Group, int, int, int]
 
 
 _op_of = attrgetter("op")
-_group_name_of = attrgetter("group_name")
 # Where the C speed-ups find what they read in an Entry.
 _BUCKET_FIELDS = tuple(Entry._fields.index(name) for name in ("group_name", "is_p2p", "collective_seq"))
 _SCAN_FIELDS = tuple(
@@ -104,8 +103,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
     p2p: dict[P2PKey, dict[int, list[Entry]]] = defaultdict(dict)
     covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
     bucket = _speedups.bucket_collectives if _speedups is not None else _bucket_collectives
+    named: dict[int, dict[str, Group]] = defaultdict(dict)  # rank -> group name -> the group it means there
+    for (rank, name), group in job.group_of.items():
+        named[rank][name] = group
     for rank, dump in job.dumps.items():
-        groups_by_name = {name: job.group_of[(rank, name)] for name in set(map(_group_name_of, dump.entries))}
+        groups_by_name = named[rank]
         for entry in bucket(dump.entries, rank, groups_by_name, collectives, covered, _BUCKET_FIELDS):
             if entry.p2p_local is None:
                 continue  # the closing entry of a p2p batch; its state lives on in closed_by
