@@ -28,6 +28,7 @@ from .redact import redact_job
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
 from .serve import UI_PORT, serve_once
+from .speedups import SPEEDUPS
 from .trigger import trigger_dumps
 
 app = typer.Typer(
@@ -281,7 +282,8 @@ def _human_size(size: int) -> str:
 
 def _version(value: bool) -> None:
     if value:
-        out.print(f"fr2perfetto {__version__}")
+        speedups = "on" if SPEEDUPS is not None else "off: pure Python"
+        out.print(f"fr2perfetto {__version__} (C speed-ups {speedups})")
         raise typer.Exit()
 
 
