@@ -21,6 +21,13 @@
 #include <math.h>
 #include <string.h>
 
+/* 1 when a function was called with ``expected`` arguments; else 0, with TypeError set. */
+static int takes(const char *function, Py_ssize_t nargs, Py_ssize_t expected) {
+    if (nargs == expected) return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", function, expected);
+    return 0;
+}
+
 /* ---- reading ------------------------------------------------------------------------------------- */
 
 #define FAST_KEY_COUNT 22
@@ -60,25 +67,14 @@ static PyObject *tuple_of_tuples(PyObject *value) {
     return key;
 }
 
-/* The cached, already checked value for a sizes or dtypes field; NULL when not cached. Borrowed. */
-static PyObject *known_sizes(PyObject *sizes, PyObject *value) {
-    PyObject *key = tuple_of_tuples(value);
+/* table.get(key) for a key just made (a new reference, consumed; NULL when it could not be made): the
+ * cached, already checked value, or NULL (no error) when not cached. Borrowed. */
+static PyObject *cached(PyObject *table, PyObject *key) {
     if (key == NULL) {
         PyErr_Clear();
         return NULL;
     }
-    PyObject *found = lookup(sizes, key);
-    Py_DECREF(key);
-    return found;
-}
-
-static PyObject *known_dtypes(PyObject *dtypes, PyObject *value) {
-    PyObject *key = PySequence_Tuple(value);
-    if (key == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *found = lookup(dtypes, key);
+    PyObject *found = lookup(table, key);
     Py_DECREF(key);
     return found;
 }
@@ -90,22 +86,12 @@ static PyObject *known_frames(PyObject *frame_tuples, PyObject *value, PyObject 
     Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
     if (size == 0) return empty;
     PyObject *ids = PyTuple_New(size);
-    if (ids == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < size; i++) {
+    for (Py_ssize_t i = 0; ids != NULL && i < size; i++) {
         PyObject *id = PyLong_FromVoidPtr(PySequence_Fast_GET_ITEM(value, i));
-        if (id == NULL) {
-            PyErr_Clear();
-            Py_DECREF(ids);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(ids, i, id);
+        if (id == NULL) Py_CLEAR(ids);
+        else PyTuple_SET_ITEM(ids, i, id);
     }
-    PyObject *found = lookup(frame_tuples, ids);
-    Py_DECREF(ids);
-    return found;
+    return cached(frame_tuples, ids);
 }
 
 /* One entry as reader._read_entry_fast reads it, but only when every repeating field is already in
@@ -136,21 +122,14 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
         !PyUnicode_CheckExact(values[20]) || !PyUnicode_CheckExact(values[21]))
         return NULL;
     PyObject *shape_key = PyTuple_New(FAST_KEY_COUNT - 14);
-    if (shape_key == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    for (int i = 14; i < FAST_KEY_COUNT; i++) {
-        Py_INCREF(values[i]);
-        PyTuple_SET_ITEM(shape_key, i - 14, values[i]);
-    }
-    PyObject *shape = lookup(shapes, shape_key);
-    Py_DECREF(shape_key);
+    for (int i = 14; shape_key != NULL && i < FAST_KEY_COUNT; i++)
+        PyTuple_SET_ITEM(shape_key, i - 14, Py_NewRef(values[i]));
+    PyObject *shape = cached(shapes, shape_key);
     if (shape == NULL || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != 11) return NULL;
-    PyObject *sizes_in = known_sizes(sizes, values[9]);
-    PyObject *sizes_out = sizes_in == NULL ? NULL : known_sizes(sizes, values[10]);
-    PyObject *dtypes_in = sizes_out == NULL ? NULL : known_dtypes(dtypes, values[11]);
-    PyObject *dtypes_out = dtypes_in == NULL ? NULL : known_dtypes(dtypes, values[12]);
+    PyObject *sizes_in = cached(sizes, tuple_of_tuples(values[9]));
+    PyObject *sizes_out = sizes_in == NULL ? NULL : cached(sizes, tuple_of_tuples(values[10]));
+    PyObject *dtypes_in = sizes_out == NULL ? NULL : cached(dtypes, PySequence_Tuple(values[11]));
+    PyObject *dtypes_out = dtypes_in == NULL ? NULL : cached(dtypes, PySequence_Tuple(values[12]));
     PyObject *frames = dtypes_out == NULL ? NULL : known_frames(frame_tuples, values[13], empty);
     if (frames == NULL) return NULL;
     PyObject *zero_is_none[2] = {started, completed}; /* `started or None`: 0 means unknown */
@@ -174,10 +153,7 @@ PyDoc_STRVAR(read_rows_doc,
 
 static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "read_rows takes 10 arguments");
-        return NULL;
-    }
+    if (!takes("read_rows", nargs, 10)) return NULL;
     PyObject *entries = args[0], *rank = args[2], *keys = args[3], *shapes = args[4], *sizes = args[5];
     PyObject *dtypes = args[6], *frame_tuples = args[7], *entry_type = args[8], *out = args[9];
     Py_ssize_t index = PyLong_AsSsize_t(args[1]);
@@ -339,10 +315,7 @@ PyDoc_STRVAR(bucket_collectives_doc,
 
 static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "bucket_collectives takes 6 arguments");
-        return NULL;
-    }
+    if (!takes("bucket_collectives", nargs, 6)) return NULL;
     PyObject *entries = args[0], *rank = args[1], *groups_by_name = args[2], *collectives = args[3];
     PyObject *covered = args[4];
     Py_ssize_t fields[3], needed; /* group_name, is_p2p, collective_seq */
@@ -396,10 +369,7 @@ PyDoc_STRVAR(scan_op_doc,
 
 static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "scan_op takes 5 arguments");
-        return NULL;
-    }
+    if (!takes("scan_op", nargs, 5)) return NULL;
     PyObject *by_rank = args[0], *completed = args[2], *scheduled = args[3], *untracked = args[4];
     /* time_created_ns, op, input_sizes, input_dtypes, state, backend, closed_by */
     Py_ssize_t fields[7], needed;
@@ -541,13 +511,10 @@ static int as_long_time(PyObject *value, unsigned long long *out) {
     return (*out >= (1ULL << 56) && *out < (1ULL << 63)) ? 0 : -1;
 }
 
+/* The encoded bytes the writer remembers under key; NULL (no error) when absent: the fallback decides. */
 static PyObject *bytes_in(PyObject *table, PyObject *key) {
-    PyObject *found = PyDict_GetItemWithError(table, key); /* borrowed */
-    if (found == NULL) {
-        PyErr_Clear(); /* absent, or a key that cannot be hashed: either way the fallback decides */
-        return NULL;
-    }
-    return PyBytes_CheckExact(found) ? found : NULL;
+    PyObject *found = lookup(table, key);
+    return found != NULL && PyBytes_CheckExact(found) ? found : NULL;
 }
 
 static PyObject *str_start, *str_end, *str_look, *str_head, *str_last, *str_encoded, *str_timed;
@@ -573,20 +540,16 @@ static int read_context(PyObject *tuple, Context *context) {
     if (!PyArg_ParseTuple(heads, "SSSS;encode_slices: bad fact heads", &context->created_head,
                           &context->started_head, &context->completed_head, &context->duration_head))
         return -1;
-    if (!PyArg_ParseTuple(fields, "nnnnnnnn;encode_slices: bad entry fields", &context->op_id,
-                          &context->record_id, &context->created, &context->started, &context->completed,
-                          &context->duration, &context->thread_name, &context->thread_id))
-        return -1;
-    Py_ssize_t indices[] = {context->op_id,     context->record_id, context->created,     context->started,
-                            context->completed, context->duration,  context->thread_name, context->thread_id};
-    context->entry_size = 0;
-    for (size_t i = 0; i < sizeof indices / sizeof indices[0]; i++) {
-        if (indices[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "encode_slices: negative entry field index");
-            return -1;
-        }
-        if (indices[i] + 1 > context->entry_size) context->entry_size = indices[i] + 1;
-    }
+    Py_ssize_t indices[8];
+    if (read_indices(fields, indices, 8, &context->entry_size) < 0) return -1;
+    context->op_id = indices[0];
+    context->record_id = indices[1];
+    context->created = indices[2];
+    context->started = indices[3];
+    context->completed = indices[4];
+    context->duration = indices[5];
+    context->thread_name = indices[6];
+    context->thread_id = indices[7];
     return 0;
 }
 
@@ -706,10 +669,7 @@ PyDoc_STRVAR(encode_slices_doc,
 
 static PyObject *encode_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "encode_slices takes 3 arguments");
-        return NULL;
-    }
+    if (!takes("encode_slices", nargs, 3)) return NULL;
     Context context;
     if (!PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "encode_slices: context must be a tuple");
