@@ -79,7 +79,6 @@ class _TrackCodes(NamedTuple):
     begin: bytes  # a begin event's type and track
     instant: bytes
     end_event: bytes  # a whole end event, framed as TracePacket.track_event
-    end_prefix: bytes  # a framed end packet up to its (nine-byte) timestamp
 
 
 def _framed(packet: bytes) -> bytes:
@@ -321,10 +320,7 @@ class PerfettoWriter:
 
     def _track_codes(self, track_uuid: int) -> _TrackCodes:
         track = _TRACK_UUID.int(track_uuid)
-        end_event = _TRACK_EVENT.bytes(_END + track)
-        # An end packet with a nine-byte timestamp has a fixed length: all but the timestamp is known.
-        end_prefix = _TRACE_PACKET_TAG + varint(len(self._packet_head) + 9 + len(end_event)) + self._packet_head
-        return _TrackCodes(_BEGIN + track, _INSTANT + track, end_event, end_prefix)
+        return _TrackCodes(_BEGIN + track, _INSTANT + track, _TRACK_EVENT.bytes(_END + track))
 
     def _fast_context(self, codes: _TrackCodes) -> tuple[object, ...]:
         """What ``_speedups.encode_slices`` needs to encode the slices that ``_slice_packets`` would
@@ -356,6 +352,4 @@ class PerfettoWriter:
         packet = _framed(packet_head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event)
         if end is None:
             return packet
-        if len(end_bytes) == 9:
-            return packet + codes.end_prefix + end_bytes + codes.end_event
         return packet + _framed(self._packet_head + end_bytes + codes.end_event)
