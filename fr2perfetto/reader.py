@@ -531,8 +531,8 @@ def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> tuple[Any, ...] |
     shape_key = values[_SHAPE_KEYS]
     try:
         shape = caches.shapes.get(shape_key)
-        sizes_in = caches.sizes.get(tuple(map(tuple, values[9])))
-        sizes_out = caches.sizes.get(tuple(map(tuple, values[10])))
+        sizes_in = caches.sizes.get(_tuple_of_tuples(values[9]))
+        sizes_out = caches.sizes.get(_tuple_of_tuples(values[10]))
         dtypes_in = caches.dtypes.get(tuple(values[11]))
         dtypes_out = caches.dtypes.get(tuple(values[12]))
     except TypeError:  # a list where PyTorch writes a tuple, or a number where a list belongs
