@@ -12,6 +12,8 @@
  * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
+ * - group_slices() lays out a rank's ops on one group track as timeline._op_slice does, for ops the rank
+ *   issued as one entry that completed and whose look is already made; every other op goes to that twin.
  * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
  *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
  *   varints; every other slice, and every marker, goes to the Python fallback it is given.
@@ -438,6 +440,114 @@ error:
     return NULL;
 }
 
+static PyObject *str_op_key, *one;
+
+/* ---- laying out --------------------------------------------------------------------------------- */
+
+#define MAX_LOOK_FIELDS 16
+
+/* A tuple of the entry's fields at ``indices``, in order (what an operator.attrgetter of their names
+ * returns). New reference. */
+static PyObject *fields_of(PyObject *entry, const Py_ssize_t *indices, Py_ssize_t count) {
+    PyObject *values = PyTuple_New(count);
+    for (Py_ssize_t i = 0; values != NULL && i < count; i++)
+        PyTuple_SET_ITEM(values, i, Py_NewRef(PyTuple_GET_ITEM(entry, indices[i])));
+    return values;
+}
+
+/* Read a tuple of entry field indices of at most MAX_LOOK_FIELDS items; its length, or -1. */
+static Py_ssize_t read_index_list(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t *needed) {
+    if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) > MAX_LOOK_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "bad tuple of entry field indices");
+        return -1;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(tuple), most = 0;
+    if (read_indices(tuple, indices, count, &most) < 0) return -1;
+    if (most > *needed) *needed = most;
+    return count;
+}
+
+/* One item on the fast path: 1 with its Slice appended; 0 when the Python twin must take it; -1 on
+ * error. */
+static int lay_out_one(PyObject *item, PyObject *looks, PyObject *slice_type, PyObject *out, const Py_ssize_t *times,
+                       const Py_ssize_t *head_fields, Py_ssize_t head_count, const Py_ssize_t *last_fields,
+                       Py_ssize_t last_count, Py_ssize_t needed) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) return 0;
+    PyObject *op = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1);
+    if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) return 0;
+    PyObject *entry = PyList_GET_ITEM(entries, 0); /* head and state entry alike, unless closed_by */
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < needed) return 0;
+    PyObject *start = PyTuple_GET_ITEM(entry, times[0]), *started = PyTuple_GET_ITEM(entry, times[1]);
+    PyObject *completed = PyTuple_GET_ITEM(entry, times[2]);
+    if (PyTuple_GET_ITEM(entry, times[3]) != Py_None || !PyLong_CheckExact(start) || !PyLong_CheckExact(completed))
+        return 0;
+    int never = PyObject_Not(completed); /* `if last.time_completed_ns:` */
+    if (never != 0) return never < 0 ? -1 : 0;
+    PyObject *op_key = PyObject_GetAttr(op, str_op_key);
+    if (op_key == NULL) return -1;
+    /* look_key(op, entries, head, last) */
+    PyObject *key = Py_BuildValue("(NNNOOOO)", op_key, fields_of(entry, head_fields, head_count),
+                                  fields_of(entry, last_fields, last_count), started == Py_None ? Py_True : Py_False,
+                                  Py_False, Py_False, Py_None);
+    if (key == NULL) return -1;
+    PyObject *look = PyDict_GetItemWithError(looks, key); /* borrowed */
+    Py_DECREF(key);
+    if (look == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *end;
+    int after = PyObject_RichCompareBool(completed, start, Py_GT);
+    if (after < 0) return -1;
+    if (after) {
+        end = Py_NewRef(completed);
+    } else if ((end = PyNumber_Add(start, one)) == NULL) {
+        return -1;
+    }
+    PyObject *args[5] = {start, end, look, entry, entry};
+    Py_INCREF(look); /* the call may run Python code that changes looks */
+    PyObject *slice = PyObject_Vectorcall(slice_type, args, 5, NULL);
+    Py_DECREF(look);
+    Py_DECREF(end);
+    if (slice == NULL) return -1;
+    int appended = PyList_Append(out, slice);
+    Py_DECREF(slice);
+    return appended < 0 ? -1 : 1;
+}
+
+PyDoc_STRVAR(group_slices_doc,
+             "group_slices(items, start, looks, slice_type, out, times, head_fields, last_fields) -> int\n\n"
+             "Lay out items[start:] (ops_by_rank items of one rank and group, in time order) as\n"
+             "timeline._op_slice would, appending each Slice to ``out``, up to the first item that is not a\n"
+             "single completed entry (not closing a coalesced group) whose look is already in ``looks``;\n"
+             "return that item's index (len(items) when none). ``times``: the indices of the creation,\n"
+             "start and completion times and closed_by; ``head_fields``, ``last_fields``: those of\n"
+             "timeline.LOOK_HEAD_FIELDS and LOOK_LAST_FIELDS.");
+
+static PyObject *group_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("group_slices", nargs, 8)) return NULL;
+    PyObject *items = args[0], *looks = args[2], *slice_type = args[3], *out = args[4];
+    Py_ssize_t times[4], head_fields[MAX_LOOK_FIELDS], last_fields[MAX_LOOK_FIELDS], needed = 0;
+    if (!PyList_CheckExact(items) || !PyDict_CheckExact(looks) || !PyCallable_Check(slice_type) ||
+        !PyList_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "group_slices: bad arguments");
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    if (read_indices(args[5], times, 4, &needed) < 0) return NULL;
+    Py_ssize_t head_count = read_index_list(args[6], head_fields, &needed);
+    Py_ssize_t last_count = head_count < 0 ? -1 : read_index_list(args[7], last_fields, &needed);
+    if (last_count < 0) return NULL;
+    for (; index >= 0 && index < PyList_GET_SIZE(items); index++) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, index));
+        int done = lay_out_one(item, looks, slice_type, out, times, head_fields, head_count, last_fields, last_count,
+                               needed);
+        Py_DECREF(item);
+        if (done < 0) return NULL;
+        if (done == 0) break;
+    }
+    return PyLong_FromSsize_t(index);
+}
+
 /* ---- writing ------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -720,6 +830,7 @@ static PyMethodDef methods[] = {
      entries_from_columns_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
+    {"group_slices", (PyCFunction)(void (*)(void))group_slices, METH_FASTCALL, group_slices_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -739,7 +850,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         (str_head = PyUnicode_InternFromString("head")) == NULL ||
         (str_last = PyUnicode_InternFromString("last")) == NULL ||
         (str_encoded = PyUnicode_InternFromString("encoded")) == NULL ||
-        (str_timed = PyUnicode_InternFromString("timed")) == NULL)
+        (str_timed = PyUnicode_InternFromString("timed")) == NULL ||
+        (str_op_key = PyUnicode_InternFromString("op_key")) == NULL || (one = PyLong_FromLong(1)) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

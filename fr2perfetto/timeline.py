@@ -32,6 +32,7 @@ from .model import (
     ranks_label,
     state_entry,
 )
+from .speedups import SPEEDUPS as _speedups
 
 
 class SliceLook:
@@ -216,7 +217,7 @@ class Highlights:
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
-    # looks already built, by op and the facts of a rank's entries that go into them (see op_look)
+    # looks already built, by op and the facts of a rank's entries that go into them (see look_key)
     looks: dict[tuple[object, ...], SliceLook] = field(default_factory=dict)
 
 
@@ -358,50 +359,85 @@ def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, hi
     items.sort(key=start_on_rank)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
     slices: list[Slice] = []
-    looks = highlights.looks
-    end_of_trace = span.end
-    next_index = 0
-    for op, entries in items:
+    position, count = 0, len(items)
+    issued = 0  # items with entries laid out so far
+    while position < count:
+        if _speedups is not None:
+            # C lays out the common items (one entry, completed, look known) as _op_slice would
+            done = _speedups.group_slices(items, position, highlights.looks, Slice, slices, *_C_LOOK_FIELDS)
+            issued += done - position  # every item it laid out had an entry
+            position = done
+            if position == count:
+                break
+        op, entries = items[position]
+        position += 1
         if not entries:
             slices.append(_never_issued_marker(op, highlights))
             continue
-        next_index += 1
-        start = entries[0].time_created_ns
-        head, last = head_entry(entries), state_entry(entries)
-        if last.time_completed_ns:
-            end = last.time_completed_ns
-        else:
-            status = op.status
-            if (
-                status in (MISSING, STUCK) or (status == INCOMPLETE and last.state != COMPLETED)
-                or tracks_completion(last) or (next_index == len(starts) and not last.retired)
-            ):  # fmt: skip
-                end = end_of_trace  # it never completed: draw it to the end of the trace
-            else:
-                # No completion time is recorded (gloo); the rank went on to its next op on this group.
-                next_start = starts[next_index] if next_index < len(starts) else start
-                end = next_start if next_start > start else start + 1_000
-        if end <= start:
-            end = start + 1
-        # Every field of head and last that op_look and _shared_args use: the ranks with equal keys
-        # share one look. A field added there must be added here.
-        key = (op.op_key, head.op, head.backend, head.collective_seq, head.p2p_seq, head.input_sizes,
-               head.output_sizes, head.input_dtypes, head.output_dtypes, last.state, last.retired, last.timeout_ms,
-               head.frames, last.backend, last.time_started_ns is None, last.time_completed_ns is None,
-               head.closed_by is not None,
-               tuple(e.profiling_name for e in entries) if len(entries) > 1 else None)  # fmt: skip
-        look = looks.get(key)
-        if look is None:
-            look = looks[key] = op_look(op, entries, head, last, highlights)
-        slices.append(Slice(start, end, look, head, last))
+        issued += 1
+        next_start = starts[issued] if issued < len(starts) else None
+        slices.append(_op_slice(op, entries, next_start, span.end, highlights))
     return slices
+
+
+def _op_slice(
+    op: MatchedOp, entries: list[Entry], next_start: int | None, end_of_trace: int, highlights: Highlights
+) -> Slice:
+    """A rank's slice for ``op``; ``next_start``: when its next op on the group began (None: last)."""
+    start = entries[0].time_created_ns
+    head, last = head_entry(entries), state_entry(entries)
+    if last.time_completed_ns:
+        end = last.time_completed_ns
+    else:
+        status = op.status
+        if (
+            status in (MISSING, STUCK) or (status == INCOMPLETE and last.state != COMPLETED)
+            or tracks_completion(last) or (next_start is None and not last.retired)
+        ):  # fmt: skip
+            end = end_of_trace  # it never completed: draw it to the end of the trace
+        else:
+            # No completion time is recorded (gloo); the rank went on to its next op on this group.
+            end = next_start if next_start is not None and next_start > start else start + 1_000
+    if end <= start:
+        end = start + 1
+    key = look_key(op, entries, head, last)
+    look = highlights.looks.get(key)
+    if look is None:
+        look = highlights.looks[key] = op_look(op, entries, head, last, highlights)
+    return Slice(start, end, look, head, last)
+
+
+# Every field of a rank's head and state entries that op_look and _shared_args read: ranks whose
+# entries agree on these (and on the rest of look_key) share one look. A field they come to read
+# must be added here.
+LOOK_HEAD_FIELDS = (
+    "op", "backend", "collective_seq", "p2p_seq", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes",
+    "frames",
+)  # fmt: skip
+LOOK_LAST_FIELDS = ("state", "retired", "timeout_ms", "backend")
+_look_head = attrgetter(*LOOK_HEAD_FIELDS)
+_look_last = attrgetter(*LOOK_LAST_FIELDS)
+# Where the C layout finds them, and the creation, start and completion times and closed_by.
+_C_LOOK_FIELDS = tuple(
+    tuple(map(Entry._fields.index, names))
+    for names in (("time_created_ns", "time_started_ns", "time_completed_ns", "closed_by"), LOOK_HEAD_FIELDS,
+                  LOOK_LAST_FIELDS)
+)  # fmt: skip
+
+
+def look_key(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry) -> tuple[object, ...]:
+    """What decides the look of a rank's slice for ``op`` (see LOOK_HEAD_FIELDS)."""
+    return (
+        op.op_key, _look_head(head), _look_last(last), last.time_started_ns is None,
+        last.time_completed_ns is None, head.closed_by is not None,
+        tuple(e.profiling_name for e in entries) if len(entries) > 1 else None,
+    )  # fmt: skip
 
 
 def op_look(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highlights: Highlights) -> SliceLook:
     """The look of a rank's slice for ``op``: its name, the facts the op's ranks share, its flows.
 
-    The caller keys it by every field of ``head`` and ``last`` that goes into it, so that the
-    ranks that issued an op alike share one look.
+    The caller keys it by ``look_key``, so that the ranks that issued an op alike share one look.
     """
     gloo = last.backend in NO_COMPLETION_BACKENDS and last.time_started_ns is None and last.time_completed_ns is None
     status = op.status
