@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
+import itertools
 import multiprocessing
 import os
 import shutil
@@ -128,8 +130,9 @@ def _write_part(task: tuple[list[tuple[int, tuple[int, ...]]], int, str]) -> Tra
 def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Scene, jobs: int, folder: str) -> None:
     global _forked_scene
     processes = scene.view.processes
-    count = min(jobs * 2, len(processes) // MIN_PROCESSES_PER_WORKER)  # a few parts per worker evens the load
-    bounds = [len(processes) * i // count for i in range(count + 1)]
+    # One part per worker, of about equal work: each part costs a fork's copied pages and its own looks.
+    count = min(jobs, len(processes) // MIN_PROCESSES_PER_WORKER)
+    bounds = even_bounds([len(scene.index.get(rank, ())) + 1 for rank, _ in processes], count)
     with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch:
         tasks = [
             (processes[bounds[i] : bounds[i + 1]], SEQUENCE_ID + 1 + i, os.path.join(scratch, f"part{i}"))
@@ -147,6 +150,18 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
             raise OSError("a writing process died (out of memory?); try -j 1 or a smaller --max-size") from None
         finally:
             _forked_scene = None
+
+
+def even_bounds(weights: list[int], count: int) -> list[int]:
+    """Where to cut ``weights`` into ``count`` (at most ``len(weights)``) non-empty runs of about
+    equal total weight: ``count + 1`` positions, from 0 to ``len(weights)``."""
+    cumulative = list(itertools.accumulate(weights))
+    total = cumulative[-1] if cumulative else 0
+    bounds = [0]
+    for part in range(1, count):
+        cut = bisect.bisect_left(cumulative, total * part / count) + 1
+        bounds.append(min(max(cut, bounds[-1] + 1), len(weights) - (count - part)))
+    return [*bounds, len(weights)]
 
 
 def output_format(path: str) -> str:

@@ -98,3 +98,11 @@ def test_a_writing_process_that_dies_is_one_line_and_no_trace(tmp_path: Path, mo
     code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "2", "-q")
     assert code == 2 and not out.exists()
     assert stderr.strip().count("\n") == 0 and "a writing process died" in stderr and "Traceback" not in stderr
+
+
+def test_the_parts_written_in_parallel_are_of_about_equal_work():
+    cut = convert_module.even_bounds
+    assert cut([1] * 8, 2) == [0, 4, 8]
+    assert cut([10] + [1] * 10, 2) == [0, 1, 11]  # one heavy rank is a part of its own
+    assert cut([0, 0, 0, 100], 3) == [0, 2, 3, 4]  # never an empty part
+    assert cut([5, 5], 1) == [0, 2]
