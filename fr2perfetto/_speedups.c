@@ -53,6 +53,73 @@ static PyObject *lookup(PyObject *table, PyObject *key) {
     return found;
 }
 
+/* The last few keys looked up in one of the reader's caches and what they found. Entries repeat a few
+ * sizes, dtypes, stacks and shapes over and over: a raw value that equals a recent key (as a dict
+ * lookup compares, ``==``) finds the same, without making the key anew. The cache dicts only grow
+ * while a dump is read, so a value found stays valid. */
+#define RECENT 4
+typedef struct {
+    PyObject *keys[RECENT]; /* new references, or NULL */
+    PyObject *values[RECENT]; /* borrowed from the cache dict */
+    int next;
+} Recent;
+
+typedef struct {
+    Recent shapes, sizes, dtypes, frames;
+} Recents;
+
+static void recent_clear(Recent *recent) {
+    for (int i = 0; i < RECENT; i++) Py_CLEAR(recent->keys[i]);
+}
+
+/* table.get(key) for a key just made (a new reference, consumed; NULL when it could not be made),
+ * remembered in ``recent`` when found: the cached, already checked value, or NULL (no error). Borrowed. */
+static PyObject *cached(PyObject *table, PyObject *key, Recent *recent) {
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = lookup(table, key);
+    if (found == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    int slot = recent->next;
+    recent->next = (slot + 1) % RECENT;
+    Py_XSETREF(recent->keys[slot], key);
+    recent->values[slot] = found;
+    return found;
+}
+
+/* 1 when a and b are equal as a dict lookup compares keys; 0 when not, or when they cannot be compared. */
+static int same(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    int equal = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (equal < 0) PyErr_Clear();
+    return equal > 0;
+}
+
+/* 1 when ``raw`` (a list or tuple, of lists or tuples when depth is 2) equals ``key`` (a tuple, of
+ * tuples when depth is 2) item by item; what tuple(raw) (or tuple(map(tuple, raw))) would equal. */
+static int same_items(PyObject *raw, PyObject *key, int depth) {
+    if ((!PyList_CheckExact(raw) && !PyTuple_CheckExact(raw)) || !PyTuple_CheckExact(key)) return 0;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(raw);
+    if (size != PyTuple_GET_SIZE(key)) return 0;
+    PyObject *const *items = PySequence_Fast_ITEMS(raw);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *item = items[i], *expected = PyTuple_GET_ITEM(key, i);
+        if (!(depth > 1 ? same_items(item, expected, depth - 1) : same(item, expected))) return 0;
+    }
+    return 1;
+}
+
+/* The value a recent key equal to ``raw`` found; NULL (no error) when none is. Borrowed. */
+static PyObject *recent_items(Recent *recent, PyObject *raw, int depth) {
+    for (int i = 0; i < RECENT; i++)
+        if (recent->keys[i] != NULL && same_items(raw, recent->keys[i], depth)) return recent->values[i];
+    return NULL;
+}
+
 /* tuple(map(tuple, value)) as a lookup key; NULL (no error) when an item is not iterable. New reference. */
 static PyObject *tuple_of_tuples(PyObject *value) {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
@@ -69,37 +136,55 @@ static PyObject *tuple_of_tuples(PyObject *value) {
     return key;
 }
 
-/* table.get(key) for a key just made (a new reference, consumed; NULL when it could not be made): the
- * cached, already checked value, or NULL (no error) when not cached. Borrowed. */
-static PyObject *cached(PyObject *table, PyObject *key) {
-    if (key == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *found = lookup(table, key);
-    Py_DECREF(key);
-    return found;
+/* The cached sizes (depth 2) or dtypes (depth 1) for a list already read; NULL when not cached. Borrowed. */
+static PyObject *known_items(PyObject *table, Recent *recent, PyObject *value, int depth) {
+    PyObject *found = recent_items(recent, value, depth);
+    if (found != NULL) return found;
+    return cached(table, depth > 1 ? tuple_of_tuples(value) : PySequence_Tuple(value), recent);
 }
 
 /* The shared tuple of frames for a stack already read (reader._frames' cache); NULL when not cached.
  * Borrowed. An empty stack is the empty tuple. */
-static PyObject *known_frames(PyObject *frame_tuples, PyObject *value, PyObject *empty) {
+static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *value, PyObject *empty) {
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
     Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
     if (size == 0) return empty;
+    PyObject *const *items = PySequence_Fast_ITEMS(value);
+    for (int r = 0; r < RECENT; r++) { /* the same frame dicts as a recent stack: its frames */
+        PyObject *ids = recent->keys[r];
+        if (ids == NULL || PyTuple_GET_SIZE(ids) != size) continue;
+        Py_ssize_t i = 0;
+        while (i < size && PyLong_AsVoidPtr(PyTuple_GET_ITEM(ids, i)) == (void *)items[i]) i++;
+        if (i == size) return recent->values[r];
+    }
     PyObject *ids = PyTuple_New(size);
     for (Py_ssize_t i = 0; ids != NULL && i < size; i++) {
-        PyObject *id = PyLong_FromVoidPtr(PySequence_Fast_GET_ITEM(value, i));
+        PyObject *id = PyLong_FromVoidPtr(items[i]);
         if (id == NULL) Py_CLEAR(ids);
         else PyTuple_SET_ITEM(ids, i, id);
     }
-    return cached(frame_tuples, ids);
+    return cached(frame_tuples, ids, recent);
+}
+
+/* The remembered shape of an entry whose repeating fields are values[first:first + count]; NULL when
+ * not remembered. Borrowed. */
+static PyObject *known_shape(PyObject *shapes, Recent *recent, PyObject *const *values, int count) {
+    for (int r = 0; r < RECENT; r++) {
+        PyObject *key = recent->keys[r];
+        if (key == NULL) continue;
+        int i = 0;
+        while (i < count && same(values[i], PyTuple_GET_ITEM(key, i))) i++;
+        if (i == count) return recent->values[r];
+    }
+    PyObject *key = PyTuple_New(count);
+    for (int i = 0; key != NULL && i < count; i++) PyTuple_SET_ITEM(key, i, Py_NewRef(values[i]));
+    return cached(shapes, key, recent);
 }
 
 /* One entry as reader._read_entry_fast reads it, but only when every repeating field is already in
  * the caches: a new row (a plain tuple of Entry's fields), or NULL with no error set. */
 static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys, PyObject *shapes, PyObject *sizes,
-                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty) {
+                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty, Recents *recents) {
     PyObject *values[FAST_KEY_COUNT];
     if (!PyDict_CheckExact(item)) return NULL;
     for (int i = 0; i < FAST_KEY_COUNT; i++) {
@@ -123,20 +208,17 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
     if (!PyBool_Check(values[17]) || !PyBool_Check(values[18]) || !PyLong_CheckExact(values[19]) ||
         !PyUnicode_CheckExact(values[20]) || !PyUnicode_CheckExact(values[21]))
         return NULL;
-    PyObject *shape_key = PyTuple_New(FAST_KEY_COUNT - 14);
-    for (int i = 14; shape_key != NULL && i < FAST_KEY_COUNT; i++)
-        PyTuple_SET_ITEM(shape_key, i - 14, Py_NewRef(values[i]));
-    PyObject *shape = cached(shapes, shape_key);
+    PyObject *shape = known_shape(shapes, &recents->shapes, values + 14, FAST_KEY_COUNT - 14);
     if (shape == NULL || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != 11) return NULL;
-    PyObject *sizes_in = cached(sizes, tuple_of_tuples(values[9]));
-    PyObject *sizes_out = sizes_in == NULL ? NULL : cached(sizes, tuple_of_tuples(values[10]));
-    PyObject *dtypes_in = sizes_out == NULL ? NULL : cached(dtypes, PySequence_Tuple(values[11]));
-    PyObject *dtypes_out = dtypes_in == NULL ? NULL : cached(dtypes, PySequence_Tuple(values[12]));
-    PyObject *frames = dtypes_out == NULL ? NULL : known_frames(frame_tuples, values[13], empty);
+    PyObject *sizes_in = known_items(sizes, &recents->sizes, values[9], 2);
+    PyObject *sizes_out = sizes_in == NULL ? NULL : known_items(sizes, &recents->sizes, values[10], 2);
+    PyObject *dtypes_in = sizes_out == NULL ? NULL : known_items(dtypes, &recents->dtypes, values[11], 1);
+    PyObject *dtypes_out = dtypes_in == NULL ? NULL : known_items(dtypes, &recents->dtypes, values[12], 1);
+    PyObject *frames = dtypes_out == NULL ? NULL : known_frames(frame_tuples, &recents->frames, values[13], empty);
     if (frames == NULL) return NULL;
     PyObject *zero_is_none[2] = {started, completed}; /* `started or None`: 0 means unknown */
     for (int i = 0; i < 2; i++)
-        if (zero_is_none[i] != Py_None && PyLong_AsLongLong(zero_is_none[i]) == 0) zero_is_none[i] = Py_None;
+        if (zero_is_none[i] != Py_None && PyObject_Not(zero_is_none[i]) == 1) zero_is_none[i] = Py_None;
     PyObject *row = PyTuple_Pack(
         27, rank, PyTuple_GET_ITEM(shape, 0), PyTuple_GET_ITEM(shape, 1), values[1], values[0], values[2], values[3],
         values[4], PyTuple_GET_ITEM(shape, 2), PyTuple_GET_ITEM(shape, 3), PyTuple_GET_ITEM(shape, 4),
@@ -145,6 +227,20 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
         PyTuple_GET_ITEM(shape, 9), PyTuple_GET_ITEM(shape, 10), frames, Py_None);
     if (row == NULL) PyErr_Clear();
     return row;
+}
+
+/* ``keys`` as the dump spells them: the key objects of its first entry where equal. A dump's pickle
+ * holds each key once, so every entry's dict then finds them by identity, without comparing text. */
+static void own_keys(PyObject *entries, PyObject *const *keys, PyObject **out) {
+    for (int i = 0; i < FAST_KEY_COUNT; i++) out[i] = keys[i];
+    if (PyList_GET_SIZE(entries) == 0 || !PyDict_CheckExact(PyList_GET_ITEM(entries, 0))) return;
+    PyObject *first = PyList_GET_ITEM(entries, 0), *key, *value;
+    Py_ssize_t position = 0;
+    while (PyDict_Next(first, &position, &key, &value)) {
+        if (!PyUnicode_CheckExact(key)) continue;
+        for (int i = 0; i < FAST_KEY_COUNT; i++)
+            if (out[i] == keys[i] && key != keys[i] && PyUnicode_Compare(key, keys[i]) == 0) out[i] = key;
+    }
 }
 
 PyDoc_STRVAR(read_rows_doc,
@@ -176,29 +272,36 @@ static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
         }
     PyObject *empty = PyTuple_New(0);
     if (empty == NULL) return NULL;
+    PyObject *keys_here[FAST_KEY_COUNT];
+    own_keys(entries, key_items, keys_here);
+    Recents recents = {0};
+    PyObject *result = NULL;
     for (; index >= 0 && index < PyList_GET_SIZE(entries); index++) {
         PyObject *item = PyList_GET_ITEM(entries, index);
         Py_INCREF(item);
-        PyObject *row = read_row(item, rank, key_items, shapes, sizes, dtypes, frame_tuples, empty);
+        PyObject *row = read_row(item, rank, keys_here, shapes, sizes, dtypes, frame_tuples, empty, &recents);
         Py_DECREF(item);
         if (row == NULL) break;
         if (entry_type != Py_None) {
             PyObject *wrapped = PyTuple_Pack(1, row);
             Py_DECREF(row);
-            if (wrapped == NULL) goto error;
+            if (wrapped == NULL) goto finish;
             row = PyTuple_Type.tp_new((PyTypeObject *)entry_type, wrapped, NULL); /* tuple.__new__(Entry, row) */
             Py_DECREF(wrapped);
-            if (row == NULL) goto error;
+            if (row == NULL) goto finish;
         }
         int appended = PyList_Append(out, row);
         Py_DECREF(row);
-        if (appended < 0) goto error;
+        if (appended < 0) goto finish;
     }
+    result = PyLong_FromSsize_t(index);
+finish:
     Py_DECREF(empty);
-    return PyLong_FromSsize_t(index);
-error:
-    Py_DECREF(empty);
-    return NULL;
+    recent_clear(&recents.shapes);
+    recent_clear(&recents.sizes);
+    recent_clear(&recents.dtypes);
+    recent_clear(&recents.frames);
+    return result;
 }
 
 PyDoc_STRVAR(entries_from_columns_doc,

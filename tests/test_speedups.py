@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,39 @@ def test_the_c_reader_reads_all_but_the_first_entry_of_each_kind(monkeypatch: py
     assert len(dump.entries) == 30
     # each kind of entry (op, group, state, stack...) is read once in Python, which teaches the C reader
     assert 0 < len(calls) <= len({(e.op, e.group_name, e.state, e.frames) for e in dump.entries}) + 2
+
+
+def test_entries_that_repeat_many_kinds_read_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
+    # More sizes, dtypes, stacks and shapes in turn than the C reader keeps as recent keys, some of
+    # them equal in value but not in type or container (as a dict lookup sees them), and per-entry
+    # lists of shared frame dicts, as PyTorch writes stacks.
+    raw = pickle.loads((SAMPLES / "nccl" / "demo" / "nccl_trace_rank_0").read_bytes())
+    template, frames = raw["entries"][0], raw["entries"][0]["frames"]
+    kinds = [
+        ([[4096]], ["Float"], frames[:2], "completed"),
+        (((4096,),), ("Float",), frames[:3], "completed"),
+        ([[4096, 2]], ["BFloat16"], frames[1:], "started"),
+        ([[1], [2]], ["Float", "Half"], [], "scheduled"),
+        ([[True]], ["Float"], frames[:2], "completed"),  # True == 1 to a dict
+        ([[1]], ["Float"], frames[2:], "completed"),
+        ([[4096]], ["Float"], frames[:2], "completed"),
+    ]
+    entries = []
+    for n in range(40):
+        sizes, dtypes, stack, state = kinds[n * 5 % len(kinds)]
+        entry = dict(template, record_id=n, op_id=n, collective_seq_id=n + 1, input_sizes=sizes, state=state)
+        entry.update(output_sizes=sizes, input_dtypes=dtypes, frames=list(stack), retired=n % 3 == 0)
+        entries.append(entry)
+    data = pickle.dumps(dict(raw, entries=entries))
+    made_in_c = reader.read_dump("nccl_trace_rank_0", data)
+    with monkeypatch.context() as patch:
+        patch.setattr(reader, "_speedups", None)
+        made_in_python = reader.read_dump("nccl_trace_rank_0", data)
+    assert made_in_c.entries == made_in_python.entries and len(made_in_c.entries) == 40
+    for fast, pure in zip(made_in_c.entries, made_in_python.entries, strict=True):
+        assert [type(v) for v in fast] == [type(v) for v in pure]
+        assert [type(d) for s in fast.input_sizes for d in s] == [type(d) for s in pure.input_sizes for d in s]
+    assert {e.input_sizes for e in made_in_c.entries} >= {((4096,),), ((4096, 2),), ((1,), (2,))}
 
 
 def test_an_environment_variable_turns_the_speedups_off_and_version_says_so():
