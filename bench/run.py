@@ -125,6 +125,7 @@ def main() -> None:
         }
         if ranks <= args.pytorch_max_ranks:
             stages["pytorch"] = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)]
+        trace.unlink(missing_ok=True)  # convert writes a new file each run, as on a clean clone
         results = {name: measure(command, args.timeout) for name, command in stages.items()}
         floor = results["unpickle"][0]
         pytorch = results.get("pytorch", (None,))[0]

@@ -45,6 +45,14 @@ class Analysis:
     job: Job
     ops: list[MatchedOp]
     diagnosis: Diagnosis
+    _by_rank: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None = None
+
+    def ops_by_rank(self) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
+        """``timeline.ops_by_rank`` of every op, made once and kept with the analysis (an item per
+        entry of the job: building it, and freeing it, takes a noticeable time)."""
+        if self._by_rank is None:
+            self._by_rank = ops_by_rank(self.ops)
+        return self._by_rank
 
 
 def analyse(job: Job) -> Analysis:
@@ -62,7 +70,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
     view = view or full_view(job)
-    index = ops_by_rank(ops, {rep for rep, _ in view.processes} if view.folded else None)
+    index = ops_by_rank(ops, {rep for rep, _ in view.processes}) if view.folded else analysis.ops_by_rank()
     drawn = drawn_counts(index, view) if view.folded else None
     finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
     scene = _Scene(job, index, span, highlights, view)

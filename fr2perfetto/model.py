@@ -7,8 +7,10 @@ into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 # States as PyTorch's writer spells them.
 SCHEDULED = "scheduled"
@@ -86,6 +88,23 @@ class GroupConfig:
     ranks: tuple[int, ...] | None  # None when the dump does not say (gloo, or a broken entry)
 
 
+_created = itemgetter(Entry._fields.index("time_created_ns"))
+_later_times = tuple(itemgetter(Entry._fields.index(name)) for name in ("time_started_ns", "time_completed_ns"))
+
+
+def time_range(entries: Sequence[tuple[Any, ...]]) -> tuple[int, int] | None:
+    """The first creation time and the last time of any kind (creation, start, completion) among
+    ``entries`` (entries, or rows of Entry's fields); None when there are none."""
+    if not entries:
+        return None
+    # One pass per field, in C: this visits every entry.
+    created = list(map(_created, entries))
+    last = max(created)
+    for getter in _later_times:
+        last = max(last, max(filter(None, map(getter, entries)), default=0))
+    return min(created), last
+
+
 @dataclass(slots=True)
 class RankDump:
     """One rank's dump, read and normalised."""
@@ -102,6 +121,9 @@ class RankDump:
     pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     skipped_entries: int = 0
     skipped_reason: str = ""
+    # The first creation time and the last time of any kind among the entries, set by the reader for
+    # the entries it read (None: unknown); whoever changes the entries' times must reset it.
+    time_range: tuple[int, int] | None = None
 
     @property
     def has_timing(self) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .files import parse_dump_name
-from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump
+from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump, time_range
 from .safe_pickle import RefusedPickle, loads_plain
 from .speedups import SPEEDUPS as _speedups
 
@@ -187,6 +187,7 @@ def normalise(
         pg_status=_read_pg_status(raw.get("pg_status")),
         skipped_entries=skipped,
         skipped_reason=first_reason,
+        time_range=time_range(entries),
     )
 
 

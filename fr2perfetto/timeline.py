@@ -31,6 +31,7 @@ from .model import (
     head_entry,
     ranks_label,
     state_entry,
+    time_range,
 )
 from .speedups import SPEEDUPS as _speedups
 
@@ -165,24 +166,13 @@ class TimeSpan:
 
 def time_span(job: Job) -> TimeSpan:
     """First and last timestamps of any entry, with a margin after the last one."""
-    firsts, lasts = [], []
-    for dump in job.dumps.values():
-        if dump.entries:
-            # One pass per field, in C: this visits every entry of the job.
-            created = list(map(_created, dump.entries))
-            firsts.append(min(created))
-            lasts.append(max(created))
-            lasts.extend(max(filter(None, map(getter, dump.entries)), default=0) for getter in (_started, _completed))
-    if not firsts:
+    ranges = [dump.time_range or time_range(dump.entries) for dump in job.dumps.values()]
+    known = [r for r in ranges if r is not None]
+    if not known:
         return TimeSpan(0, 1_000_000)
-    first, last = min(firsts), max(lasts)
+    first, last = min(r[0] for r in known), max(r[1] for r in known)
     margin = max((last - first) // 20, 1_000_000)
     return TimeSpan(first, last + margin)
-
-
-_created = attrgetter("time_created_ns")
-_started = attrgetter("time_started_ns")
-_completed = attrgetter("time_completed_ns")
 
 
 def rank_uuid(rank: int) -> int:
