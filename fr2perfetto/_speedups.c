@@ -9,7 +9,8 @@
  *   compares types and ranges; it allocates only in proportion to what the dump already holds in
  *   memory and never indexes by a number the dump gives. The dump holds plain data (the unpickler
  *   allows nothing else), so nothing here runs Python code.
- * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
+ * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent;
+ *   canonical_column() is job._canonical_column, which makes the ranks' equal strings and tuples one object.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
  * - group_slices() lays out a rank's ops on one group track as timeline._op_slice does, for ops the rank
@@ -343,6 +344,47 @@ static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, P
     return entries;
 }
 
+PyDoc_STRVAR(canonical_column_doc,
+             "canonical_column(column, canonical) -> tuple\n\n"
+             "job._canonical_column: ``column`` (a tuple) with each str and tuple in it replaced by the equal\n"
+             "one ``canonical`` (a dict, value -> itself, filled as it goes) already holds.");
+
+static PyObject *canonical_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("canonical_column", nargs, 2)) return NULL;
+    PyObject *column = args[0], *canonical = args[1];
+    if (!PyTuple_CheckExact(column) || !PyDict_CheckExact(canonical)) {
+        PyErr_SetString(PyExc_TypeError, "canonical_column(column: tuple, canonical: dict)");
+        return NULL;
+    }
+    /* a column repeats a few values: the last ones met, and the canonical ones they stand for */
+    PyObject *met[RECENT] = {NULL}, *stands_for[RECENT] = {NULL};
+    int next = 0;
+    Py_ssize_t size = PyTuple_GET_SIZE(column);
+    PyObject *out = PyTuple_New(size);
+    for (Py_ssize_t i = 0; out != NULL && i < size; i++) {
+        PyObject *value = PyTuple_GET_ITEM(column, i), *shared = value;
+        if (PyUnicode_CheckExact(value) || PyTuple_CheckExact(value)) {
+            int r = 0;
+            while (r < RECENT && met[r] != value) r++;
+            if (r < RECENT) {
+                shared = stands_for[r];
+            } else {
+                shared = PyDict_SetDefault(canonical, value, value); /* borrowed: the dict holds it */
+                if (shared == NULL) { /* unhashable: it stays as it is */
+                    PyErr_Clear();
+                    shared = value;
+                }
+                met[next] = value; /* borrowed: the column holds it */
+                stands_for[next] = shared;
+                next = (next + 1) % RECENT;
+            }
+        }
+        PyTuple_SET_ITEM(out, i, Py_NewRef(shared));
+    }
+    return out;
+}
+
 /* ---- matching ------------------------------------------------------------------------------------ */
 
 /* Indices of Entry's fields, checked against the entries: every entry must be a tuple this long. */
@@ -570,32 +612,75 @@ static Py_ssize_t read_index_list(PyObject *tuple, Py_ssize_t *indices, Py_ssize
     return count;
 }
 
+/* What group_slices() was given, read once. */
+typedef struct {
+    PyObject *looks, *last_looks, *slice_type, *out;
+    Py_ssize_t times[4], head_fields[MAX_LOOK_FIELDS], last_fields[MAX_LOOK_FIELDS];
+    Py_ssize_t head_count, last_count, needed;
+} Layout;
+
+/* The look of the entry last laid out here for the same op, when ``entry`` agrees with it on every
+ * field that look_key reads: look_key would be equal, and looks never change once made. Borrowed;
+ * NULL (no error) when there is no such entry or it differs. */
+static PyObject *look_of_last(const Layout *layout, PyObject *op_key, PyObject *entry) {
+    PyObject *last = lookup(layout->last_looks, op_key);
+    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 2) return NULL;
+    PyObject *other = PyTuple_GET_ITEM(last, 0);
+    if (!PyTuple_Check(other) || PyTuple_GET_SIZE(other) < layout->needed) return NULL;
+    for (Py_ssize_t i = 0; i < layout->head_count; i++)
+        if (!same(PyTuple_GET_ITEM(entry, layout->head_fields[i]), PyTuple_GET_ITEM(other, layout->head_fields[i])))
+            return NULL;
+    for (Py_ssize_t i = 0; i < layout->last_count; i++)
+        if (!same(PyTuple_GET_ITEM(entry, layout->last_fields[i]), PyTuple_GET_ITEM(other, layout->last_fields[i])))
+            return NULL;
+    if ((PyTuple_GET_ITEM(entry, layout->times[1]) == Py_None) != (PyTuple_GET_ITEM(other, layout->times[1]) == Py_None))
+        return NULL;
+    return PyTuple_GET_ITEM(last, 1);
+}
+
+/* The look of ``entry`` (a single completed entry of op ``op_key``) from ``looks``, by its look_key; NULL
+ * (no error) when not made yet. Borrowed. */
+static PyObject *look_by_key(const Layout *layout, PyObject *op_key, PyObject *entry, int *failed) {
+    PyObject *started = PyTuple_GET_ITEM(entry, layout->times[1]);
+    PyObject *key = Py_BuildValue("(ONNOOOO)", op_key, fields_of(entry, layout->head_fields, layout->head_count),
+                                  fields_of(entry, layout->last_fields, layout->last_count),
+                                  started == Py_None ? Py_True : Py_False, Py_False, Py_False, Py_None);
+    if (key == NULL) {
+        *failed = 1;
+        return NULL;
+    }
+    PyObject *look = PyDict_GetItemWithError(layout->looks, key);
+    Py_DECREF(key);
+    if (look == NULL && PyErr_Occurred()) *failed = 1;
+    if (look == NULL) return NULL;
+    PyObject *last = PyTuple_Pack(2, entry, look);
+    if (last == NULL || PyDict_SetItem(layout->last_looks, op_key, last) < 0) *failed = 1;
+    Py_XDECREF(last);
+    return *failed ? NULL : look;
+}
+
 /* One item on the fast path: 1 with its Slice appended; 0 when the Python twin must take it; -1 on
  * error. */
-static int lay_out_one(PyObject *item, PyObject *looks, PyObject *slice_type, PyObject *out, const Py_ssize_t *times,
-                       const Py_ssize_t *head_fields, Py_ssize_t head_count, const Py_ssize_t *last_fields,
-                       Py_ssize_t last_count, Py_ssize_t needed) {
+static int lay_out_one(const Layout *layout, PyObject *item) {
     if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) return 0;
     PyObject *op = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1);
     if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) return 0;
     PyObject *entry = PyList_GET_ITEM(entries, 0); /* head and state entry alike, unless closed_by */
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < needed) return 0;
-    PyObject *start = PyTuple_GET_ITEM(entry, times[0]), *started = PyTuple_GET_ITEM(entry, times[1]);
-    PyObject *completed = PyTuple_GET_ITEM(entry, times[2]);
-    if (PyTuple_GET_ITEM(entry, times[3]) != Py_None || !PyLong_CheckExact(start) || !PyLong_CheckExact(completed))
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < layout->needed) return 0;
+    PyObject *start = PyTuple_GET_ITEM(entry, layout->times[0]);
+    PyObject *completed = PyTuple_GET_ITEM(entry, layout->times[2]);
+    if (PyTuple_GET_ITEM(entry, layout->times[3]) != Py_None || !PyLong_CheckExact(start) ||
+        !PyLong_CheckExact(completed))
         return 0;
     int never = PyObject_Not(completed); /* `if last.time_completed_ns:` */
     if (never != 0) return never < 0 ? -1 : 0;
     PyObject *op_key = PyObject_GetAttr(op, str_op_key);
     if (op_key == NULL) return -1;
-    /* look_key(op, entries, head, last) */
-    PyObject *key = Py_BuildValue("(NNNOOOO)", op_key, fields_of(entry, head_fields, head_count),
-                                  fields_of(entry, last_fields, last_count), started == Py_None ? Py_True : Py_False,
-                                  Py_False, Py_False, Py_None);
-    if (key == NULL) return -1;
-    PyObject *look = PyDict_GetItemWithError(looks, key); /* borrowed */
-    Py_DECREF(key);
-    if (look == NULL) return PyErr_Occurred() ? -1 : 0;
+    int failed = 0;
+    PyObject *look = look_of_last(layout, op_key, entry);
+    if (look == NULL) look = look_by_key(layout, op_key, entry, &failed);
+    Py_DECREF(op_key);
+    if (look == NULL) return failed ? -1 : 0;
     PyObject *end;
     int after = PyObject_RichCompareBool(completed, start, Py_GT);
     if (after < 0) return -1;
@@ -606,44 +691,45 @@ static int lay_out_one(PyObject *item, PyObject *looks, PyObject *slice_type, Py
     }
     PyObject *args[5] = {start, end, look, entry, entry};
     Py_INCREF(look); /* the call may run Python code that changes looks */
-    PyObject *slice = PyObject_Vectorcall(slice_type, args, 5, NULL);
+    PyObject *slice = PyObject_Vectorcall(layout->slice_type, args, 5, NULL);
     Py_DECREF(look);
     Py_DECREF(end);
     if (slice == NULL) return -1;
-    int appended = PyList_Append(out, slice);
+    int appended = PyList_Append(layout->out, slice);
     Py_DECREF(slice);
     return appended < 0 ? -1 : 1;
 }
 
 PyDoc_STRVAR(group_slices_doc,
-             "group_slices(items, start, looks, slice_type, out, times, head_fields, last_fields) -> int\n\n"
+             "group_slices(items, start, looks, last_looks, slice_type, out, times, head_fields, last_fields) -> int\n\n"
              "Lay out items[start:] (ops_by_rank items of one rank and group, in time order) as\n"
              "timeline._op_slice would, appending each Slice to ``out``, up to the first item that is not a\n"
              "single completed entry (not closing a coalesced group) whose look is already in ``looks``;\n"
-             "return that item's index (len(items) when none). ``times``: the indices of the creation,\n"
-             "start and completion times and closed_by; ``head_fields``, ``last_fields``: those of\n"
-             "timeline.LOOK_HEAD_FIELDS and LOOK_LAST_FIELDS.");
+             "return that item's index (len(items) when none). ``last_looks``: op key -> (the entry last\n"
+             "laid out here for it, its look), kept by this function. ``times``: the indices of the\n"
+             "creation, start and completion times and closed_by; ``head_fields``, ``last_fields``: those\n"
+             "of timeline.LOOK_HEAD_FIELDS and LOOK_LAST_FIELDS.");
 
 static PyObject *group_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!takes("group_slices", nargs, 8)) return NULL;
-    PyObject *items = args[0], *looks = args[2], *slice_type = args[3], *out = args[4];
-    Py_ssize_t times[4], head_fields[MAX_LOOK_FIELDS], last_fields[MAX_LOOK_FIELDS], needed = 0;
-    if (!PyList_CheckExact(items) || !PyDict_CheckExact(looks) || !PyCallable_Check(slice_type) ||
-        !PyList_CheckExact(out)) {
+    if (!takes("group_slices", nargs, 9)) return NULL;
+    Layout layout = {.looks = args[2], .last_looks = args[3], .slice_type = args[4], .out = args[5], .needed = 0};
+    PyObject *items = args[0];
+    if (!PyList_CheckExact(items) || !PyDict_CheckExact(layout.looks) || !PyDict_CheckExact(layout.last_looks) ||
+        !PyCallable_Check(layout.slice_type) || !PyList_CheckExact(layout.out)) {
         PyErr_SetString(PyExc_TypeError, "group_slices: bad arguments");
         return NULL;
     }
     Py_ssize_t index = PyLong_AsSsize_t(args[1]);
     if (index == -1 && PyErr_Occurred()) return NULL;
-    if (read_indices(args[5], times, 4, &needed) < 0) return NULL;
-    Py_ssize_t head_count = read_index_list(args[6], head_fields, &needed);
-    Py_ssize_t last_count = head_count < 0 ? -1 : read_index_list(args[7], last_fields, &needed);
-    if (last_count < 0) return NULL;
+    if (read_indices(args[6], layout.times, 4, &layout.needed) < 0) return NULL;
+    Py_ssize_t most = layout.needed;
+    if ((layout.head_count = read_index_list(args[7], layout.head_fields, &most)) < 0) return NULL;
+    if ((layout.last_count = read_index_list(args[8], layout.last_fields, &most)) < 0) return NULL;
+    layout.needed = most;
     for (; index >= 0 && index < PyList_GET_SIZE(items); index++) {
         PyObject *item = Py_NewRef(PyList_GET_ITEM(items, index));
-        int done = lay_out_one(item, looks, slice_type, out, times, head_fields, head_count, last_fields, last_count,
-                               needed);
+        int done = lay_out_one(&layout, item);
         Py_DECREF(item);
         if (done < 0) return NULL;
         if (done == 0) break;
@@ -931,6 +1017,7 @@ static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
      entries_from_columns_doc},
+    {"canonical_column", (PyCFunction)(void (*)(void))canonical_column, METH_FASTCALL, canonical_column_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
     {"group_slices", (PyCFunction)(void (*)(void))group_slices, METH_FASTCALL, group_slices_doc},

@@ -92,10 +92,26 @@ def _read_packed(path: str) -> Packed | LoadProblem:
     return dump, list(zip(*rows, strict=True))
 
 
-def _unpack(packed: Packed | LoadProblem) -> RankDump | LoadProblem:
+# Fields whose values repeat across ranks (names, sizes, dtypes, stacks): the reading processes each
+# make their own copy, which the parent makes one object again, so that ranks compare by identity.
+_SHARED_FIELDS = tuple(
+    Entry._fields.index(name)
+    for name in (
+        "group_name", "group_desc", "backend", "op", "p2p_local", "input_sizes", "output_sizes", "input_dtypes",
+        "output_dtypes", "state", "thread_id", "thread_name", "frames",
+    )
+)  # fmt: skip
+
+
+def _unpack(packed: Packed | LoadProblem, canonical: dict[object, object]) -> RankDump | LoadProblem:
+    """In the parent: a dump from what a reading process sent, its repeated values made ``canonical``'s."""
     if isinstance(packed, LoadProblem):
         return packed
     dump, columns = packed
+    share = _speedups.canonical_column if _speedups is not None else _canonical_column
+    for index in _SHARED_FIELDS:
+        if index < len(columns):  # no columns at all when the dump has no entries
+            columns[index] = share(columns[index], canonical)
     dump.entries = (_speedups.entries_from_columns if _speedups is not None else _entries_from_columns)(Entry, columns)
     return dump
 
@@ -103,6 +119,23 @@ def _unpack(packed: Packed | LoadProblem) -> RankDump | LoadProblem:
 def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
     """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
     return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))  # type: ignore[arg-type]
+
+
+def _canonical_column(column: tuple[object, ...], canonical: dict[object, object]) -> tuple[object, ...]:
+    """``column`` with each str and tuple in it replaced by the equal one ``canonical`` (value ->
+    itself, filled as it goes) already holds."""
+    by_id = dict(zip(map(id, column), column, strict=True))  # a column repeats a few values
+    shared = {key: _shared(value, canonical) for key, value in by_id.items()}
+    return tuple(map(shared.__getitem__, map(id, column)))
+
+
+def _shared(value: object, canonical: dict[object, object]) -> object:
+    if type(value) is not str and type(value) is not tuple:
+        return value
+    try:
+        return canonical.setdefault(value, value)
+    except TypeError:  # unhashable: it stays as it is
+        return value
 
 
 def read_files(
@@ -117,13 +150,14 @@ def read_files(
             yield result
         return
     done = 0
+    canonical: dict[object, object] = {}
     try:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for packed in pool.map(_read_packed, paths, chunksize=max(1, min(16, len(paths) // (jobs * 8)))):
                 done += 1
                 if progress:
                     progress(1)
-                yield _unpack(packed)
+                yield _unpack(packed, canonical)
     except BrokenProcessPool:
         # A reading process died (the system ran out of memory, or it was killed): read the rest here.
         yield from read_files(paths[done:], 1, progress)

@@ -209,6 +209,9 @@ class Highlights:
     drawn: dict[int, tuple[int, int]] | None = None
     # looks already built, by op and the facts of a rank's entries that go into them (see look_key)
     looks: dict[tuple[object, ...], SliceLook] = field(default_factory=dict)
+    # op key -> the entry the C layout last gave a look from ``looks``, and that look: the next rank
+    # whose entry agrees with it on every field of look_key needs no key made (see _speedups.c)
+    last_looks: dict[int, tuple[Entry, SliceLook]] = field(default_factory=dict)
 
 
 def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
@@ -354,7 +357,9 @@ def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, hi
     while position < count:
         if _speedups is not None:
             # C lays out the common items (one entry, completed, look known) as _op_slice would
-            done = _speedups.group_slices(items, position, highlights.looks, Slice, slices, *_C_LOOK_FIELDS)
+            done = _speedups.group_slices(
+                items, position, highlights.looks, highlights.last_looks, Slice, slices, *_C_LOOK_FIELDS
+            )
             issued += done - position  # every item it laid out had an entry
             position = done
             if position == count:

@@ -14,7 +14,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from fr2perfetto import job, match, reader, timeline
-from fr2perfetto.model import MISSING, STUCK, Entry, Group, MatchedOp
+from fr2perfetto.model import MISSING, STUCK, Entry, Frame, Group, MatchedOp
 from fr2perfetto.renderers import perfetto as perfetto_writer
 from fr2perfetto.renderers.perfetto import PerfettoWriter
 from fr2perfetto.speedups import SPEEDUPS
@@ -172,6 +172,24 @@ def test_entries_that_repeat_many_kinds_read_the_same_in_c_and_python(monkeypatc
     assert {e.input_sizes for e in made_in_c.entries} >= {((4096,),), ((4096, 2),), ((1,), (2,))}
 
 
+def test_the_ranks_equal_values_become_one_object_the_same_in_c_and_python():
+    assert SPEEDUPS is not None
+    frames = (Frame("step", "train.py", 7),)
+    column = ("all_reduce", "tp", ((4,),), frames, None, 1, True, 2.5, ("x", [1]), "all_reduce", ((4,),))
+    for share in (SPEEDUPS.canonical_column, job._canonical_column):
+        canonical: dict[object, object] = {}
+        first = share(tuple(column), canonical)
+        # another rank's copies of the same values: equal, but other objects
+        copies = tuple(
+            tuple(list(v)) if type(v) is tuple else "".join(list(v)) if type(v) is str else v for v in column
+        )
+        second = share(copies, canonical)
+        assert first == second == column
+        assert [a is b for a, b in zip(first, second, strict=True)] == [True] * 8 + [False] + [True] * 2
+        assert second[3] is first[3] and second[6] is True and second[5] == 1 and type(second[5]) is int
+        assert len(canonical) == 4  # two strings, the sizes, the stack; not the unhashable tuple
+
+
 def test_an_environment_variable_turns_the_speedups_off_and_version_says_so():
     for value, says in (("1", "(C speed-ups off: pure Python)"), ("0", "(C speed-ups on)")):
         env = dict(os.environ, FR2PERFETTO_NO_SPEEDUPS=value)
@@ -209,7 +227,7 @@ def _edge_items(rank: int) -> list[tuple[MatchedOp, list[Entry]]]:
         return _entry(rank=rank, collective_seq=seq, op_id=seq + rank, record_id=seq, **{**times, **fields})
 
     add(1, [at(1)])
-    add(2, [at(2)])
+    add(2, [at(2, timeout_ms=1000 if rank == 2 else 600000)])  # rank 2 differs from the others: its own look
     add(3, [at(3, time_completed_ns=NOW + 2990)])  # completed before it was enqueued: one ns long
     add(4, [at(4, time_completed_ns=None, state="started")], status=STUCK)
     add(5, [at(5, op="all_gather")])  # a look not made yet
@@ -233,7 +251,7 @@ def _lay_out(monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[list[tuple[ob
             patch.setattr(timeline, "_speedups", None)
         patch.setattr(timeline, "_op_slice", lambda *args: calls.append(1) or python_layout(*args))
         highlights, span = Highlights(), TimeSpan(NOW, NOW + 100_000)
-        slices = [s for rank in (0, 1) for s in timeline._group_slices(_edge_items(rank), span, highlights)]
+        slices = [s for rank in (0, 1, 2) for s in timeline._group_slices(_edge_items(rank), span, highlights)]
     shown = [(s.start, s.end, s.name, s.look.args, s.flow_ids, s.args, s.head, s.last) for s in slices]
     return shown, len(calls)
 
@@ -242,9 +260,11 @@ def test_every_kind_of_op_lays_out_the_same_in_c_and_python(monkeypatch: pytest.
     fast, python_calls = _lay_out(monkeypatch, pure=False)
     pure, all_calls = _lay_out(monkeypatch, pure=True)
     assert fast == pure
-    assert len(fast) == 26 and all_calls == 24  # 13 ops per rank, one of them a marker
+    assert len(fast) == 39 and all_calls == 36  # 13 ops per rank, one of them a marker
     # rank 0 makes every look in Python; C lays out rank 1's plain completed ops (1, 2, 3, 5, 6, 13)
-    assert python_calls == all_calls - 6
+    # by their look keys, and rank 2's as rank 1's, but for op 2, whose timeout differs
+    assert python_calls == all_calls - 6 - 5
+    assert fast[13 + 1][2] == fast[26 + 1][2] and fast[13 + 1][3] != fast[26 + 1][3]
     by_seq = {s[0]: s for s in fast[:13]}
     assert by_seq[NOW + 3000][1] == NOW + 3001  # completed before it began: drawn one ns long
     assert by_seq[NOW + 4000][1] == NOW + 100_000  # stuck: drawn to the end of the trace
