@@ -13,12 +13,11 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter
 from typing import TypeVar
 
 from .files import expand_inputs
 from .gcpause import gc_paused
-from .model import Entry, Group, LoadProblem, RankDump, ranks_label
+from .model import Entry, Group, LoadProblem, RankDump, group_counts, ranks_label
 from .reader import DumpError, read_dump, read_dump_rows
 from .speedups import SPEEDUPS as _speedups
 
@@ -207,9 +206,6 @@ def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = N
     return Job(ordered, groups, group_of, list(problems or []))
 
 
-_group_names = attrgetter("group_name", "group_desc")
-
-
 def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[int, str], Group]]:
     """Identify the job's process groups by name plus members, and what each name means per rank.
 
@@ -219,7 +215,8 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
     used: dict[str, set[int]] = defaultdict(set)  # name -> ranks with entries under it
     descs: dict[str, Counter[str]] = defaultdict(Counter)
     for rank, dump in dumps.items():
-        for (name, desc), count in Counter(map(_group_names, dump.entries)).items():
+        counts = dump.group_counts if dump.group_counts is not None else group_counts(dump.entries)
+        for (name, desc), count in counts.items():
             used[name].add(rank)
             if desc:
                 descs[name][desc] += count

@@ -7,6 +7,7 @@ into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -92,6 +93,14 @@ _created = itemgetter(Entry._fields.index("time_created_ns"))
 _later_times = tuple(itemgetter(Entry._fields.index(name)) for name in ("time_started_ns", "time_completed_ns"))
 
 
+_group_names = itemgetter(Entry._fields.index("group_name"), Entry._fields.index("group_desc"))
+
+
+def group_counts(entries: Sequence[tuple[Any, ...]]) -> dict[tuple[str, str], int]:
+    """How many of ``entries`` (entries, or rows of Entry's fields) name each (group name, desc)."""
+    return dict(Counter(map(_group_names, entries)))
+
+
 def time_range(entries: Sequence[tuple[Any, ...]]) -> tuple[int, int] | None:
     """The first creation time and the last time of any kind (creation, start, completion) among
     ``entries`` (entries, or rows of Entry's fields); None when there are none."""
@@ -121,9 +130,11 @@ class RankDump:
     pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     skipped_entries: int = 0
     skipped_reason: str = ""
-    # The first creation time and the last time of any kind among the entries, set by the reader for
-    # the entries it read (None: unknown); whoever changes the entries' times must reset it.
+    # What the reader counted of the entries it read, in the process that read them (None: unknown):
+    # the first creation time and the last time of any kind, and group_counts. Whoever changes the
+    # entries' times or groups must reset them.
     time_range: tuple[int, int] | None = None
+    group_counts: dict[tuple[str, str], int] | None = None
 
     @property
     def has_timing(self) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .files import parse_dump_name
-from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump, time_range
+from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump, group_counts, time_range
 from .safe_pickle import RefusedPickle, loads_plain
 from .speedups import SPEEDUPS as _speedups
 
@@ -188,6 +188,7 @@ def normalise(
         skipped_entries=skipped,
         skipped_reason=first_reason,
         time_range=time_range(entries),
+        group_counts=group_counts(entries),
     )
 
 

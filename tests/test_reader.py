@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fr2perfetto.files import parse_dump_name
-from fr2perfetto.job import load_job
+from fr2perfetto.job import build_job, load_job
+from fr2perfetto.model import group_counts, time_range
 from fr2perfetto.reader import DumpError, read_dump
+from fr2perfetto.timeline import time_span
 
 from .conftest import nccl_layout, run_cli
 from .tracecheck import read_trace
@@ -188,3 +191,17 @@ def test_a_malformed_entry_is_skipped_and_reported(tmp_path: Path):
     assert len(loaded.dumps[0].entries) == len(job.ranks[0].entries) - 1
     (warning,) = loaded.problems
     assert not warning.fatal and "time_created_ns" in warning.reason and "nccl_trace_rank_0" in warning.path
+
+
+def test_what_the_reader_counts_of_a_dump_is_what_its_entries_say():
+    # Each reading process counts a dump's time range and groups while it holds the entries; the
+    # parent relies on those counts, and counts again only where a dump carries none.
+    folder = Path(__file__).resolve().parent.parent / "samples" / "nccl" / "straggler"
+    job = load_job([str(folder)], jobs=2)
+    for dump in job.dumps.values():
+        assert dump.time_range == time_range(dump.entries) and dump.time_range is not None
+        assert dump.group_counts == group_counts(dump.entries)
+        assert sum(dump.group_counts.values()) == len(dump.entries)
+    uncounted = build_job({r: replace(d, time_range=None, group_counts=None) for r, d in job.dumps.items()})
+    assert time_span(uncounted) == time_span(job)
+    assert [(g.name, g.desc, g.members) for g in uncounted.groups] == [(g.name, g.desc, g.members) for g in job.groups]
