@@ -167,8 +167,8 @@ static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *
     return cached(frame_tuples, ids, recent);
 }
 
-/* The remembered shape of an entry whose repeating fields are values[first:first + count]; NULL when
- * not remembered. Borrowed. */
+/* The remembered shape of an entry whose repeating fields are values[0:count]; NULL when not
+ * remembered. Borrowed. */
 static PyObject *known_shape(PyObject *shapes, Recent *recent, PyObject *const *values, int count) {
     for (int r = 0; r < RECENT; r++) {
         PyObject *key = recent->keys[r];
