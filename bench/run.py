@@ -11,7 +11,11 @@ that memory a forked writer shares with its parent counts once):
 - ``pytorch``: ``python -m torch.distributed.flight_recorder.fr_trace DIR``, where it fits (by default
   up to 256 ranks: at 1024 it needs minutes and gigabytes).
 
-    python bench/run.py [--sizes 64,256,1024] [--entries 2000] [--pytorch-max-ranks 256]
+The first three run in ``--repeat`` rounds (unpickle, analyze, convert, then again), and the table shows
+each one's median wall time: a shared machine's speed drifts by a third within minutes, and rounds
+interleaved this way let the drift touch the floor and the stages alike. PyTorch's analyzer runs once.
+
+    python bench/run.py [--sizes 64,256,1024] [--entries 2000] [--pytorch-max-ranks 256] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -91,6 +95,14 @@ def measure(command: list[str], timeout: float) -> tuple[float, int, int]:
     return wall, peak, process.returncode
 
 
+def _typical(measured: list[tuple[float, int, int]]) -> tuple[float, int, int]:
+    """Of several rounds of a stage: the median wall time, the highest peak memory, the worst exit code."""
+    walls = sorted(wall for wall, _, _ in measured)
+    codes = [code for _, _, code in measured]
+    worst = next((code for code in codes if code not in (0, 1)), codes[0])
+    return walls[len(walls) // 2], max(peak for _, peak, _ in measured), worst
+
+
 def _warm_cache(folder: Path) -> None:
     """Read every file once, untimed: each stage then reads from the page cache, not the disk, so that
     the floor measures unpickling rather than the disk (on a cold cache, 4096 files take minutes)."""
@@ -105,6 +117,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,256,1024", help="rank counts, comma-separated (4096 is opt-in)")
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--pytorch-max-ranks", type=int, default=256)
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds of the fr2perfetto stages and the floor (median wall time)"
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--data", default=str(ROOT / "bench-data"))
     args = parser.parse_args()
@@ -123,10 +138,15 @@ def main() -> None:
             "analyze": [str(BIN / "fr2perfetto"), "analyze", str(folder), "--json"],
             "convert": [str(BIN / "fr2perfetto"), "convert", str(folder), "-o", str(trace), "-q"],
         }
-        if ranks <= args.pytorch_max_ranks:
-            stages["pytorch"] = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)]
-        trace.unlink(missing_ok=True)  # convert writes a new file each run, as on a clean clone
-        results = {name: measure(command, args.timeout) for name, command in stages.items()}
+        rounds: dict[str, list[tuple[float, int, int]]] = {name: [] for name in stages}
+        for _ in range(max(1, args.repeat)):
+            for name, command in stages.items():
+                trace.unlink(missing_ok=True)  # convert writes a new file each time, as on a clean clone
+                rounds[name].append(measure(command, args.timeout))
+        results = {name: _typical(measured) for name, measured in rounds.items()}
+        if ranks <= args.pytorch_max_ranks:  # once: it takes minutes
+            command = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)]
+            results["pytorch"] = measure(command, args.timeout)
         floor = results["unpickle"][0]
         pytorch = results.get("pytorch", (None,))[0]
         for name, (wall, peak, code) in results.items():
