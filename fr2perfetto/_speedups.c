@@ -100,24 +100,31 @@ static int same(PyObject *a, PyObject *b) {
     return equal > 0;
 }
 
-/* 1 when ``raw`` (a list or tuple, of lists or tuples when depth is 2) equals ``key`` (a tuple, of
- * tuples when depth is 2) item by item; what tuple(raw) (or tuple(map(tuple, raw))) would equal. */
-static int same_items(PyObject *raw, PyObject *key, int depth) {
-    if ((!PyList_CheckExact(raw) && !PyTuple_CheckExact(raw)) || !PyTuple_CheckExact(key)) return 0;
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(raw);
-    if (size != PyTuple_GET_SIZE(key)) return 0;
-    PyObject *const *items = PySequence_Fast_ITEMS(raw);
+static int same_items(PyObject *raw, PyObject *key, int depth);
+
+/* 1 when items[0:size] equal ``key`` (a tuple) item by item; when depth is 2, each item is a list or
+ * tuple that equals the tuple at its place in ``key`` item by item. */
+static int same_array(PyObject *const *items, Py_ssize_t size, PyObject *key, int depth) {
+    if (!PyTuple_CheckExact(key) || size != PyTuple_GET_SIZE(key)) return 0;
     for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *item = items[i], *expected = PyTuple_GET_ITEM(key, i);
-        if (!(depth > 1 ? same_items(item, expected, depth - 1) : same(item, expected))) return 0;
+        PyObject *expected = PyTuple_GET_ITEM(key, i);
+        if (!(depth > 1 ? same_items(items[i], expected, depth - 1) : same(items[i], expected))) return 0;
     }
     return 1;
 }
 
-/* The value a recent key equal to ``raw`` found; NULL (no error) when none is. Borrowed. */
-static PyObject *recent_items(Recent *recent, PyObject *raw, int depth) {
+/* 1 when ``raw`` (a list or tuple) equals ``key`` as same_array compares: what tuple(raw) (or, when
+ * depth is 2, tuple(map(tuple, raw))) would equal. */
+static int same_items(PyObject *raw, PyObject *key, int depth) {
+    if (!PyList_CheckExact(raw) && !PyTuple_CheckExact(raw)) return 0;
+    return same_array(PySequence_Fast_ITEMS(raw), PySequence_Fast_GET_SIZE(raw), key, depth);
+}
+
+/* The value a recent key equal to items[0:size] (see same_array) found; NULL (no error) when none is.
+ * Borrowed. */
+static PyObject *recent_match(Recent *recent, PyObject *const *items, Py_ssize_t size, int depth) {
     for (int i = 0; i < RECENT; i++)
-        if (recent->keys[i] != NULL && same_items(raw, recent->keys[i], depth)) return recent->values[i];
+        if (recent->keys[i] != NULL && same_array(items, size, recent->keys[i], depth)) return recent->values[i];
     return NULL;
 }
 
@@ -139,7 +146,8 @@ static PyObject *tuple_of_tuples(PyObject *value) {
 
 /* The cached sizes (depth 2) or dtypes (depth 1) for a list already read; NULL when not cached. Borrowed. */
 static PyObject *known_items(PyObject *table, Recent *recent, PyObject *value, int depth) {
-    PyObject *found = recent_items(recent, value, depth);
+    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
+    PyObject *found = recent_match(recent, PySequence_Fast_ITEMS(value), PySequence_Fast_GET_SIZE(value), depth);
     if (found != NULL) return found;
     return cached(table, depth > 1 ? tuple_of_tuples(value) : PySequence_Tuple(value), recent);
 }
@@ -170,13 +178,8 @@ static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *
 /* The remembered shape of an entry whose repeating fields are values[0:count]; NULL when not
  * remembered. Borrowed. */
 static PyObject *known_shape(PyObject *shapes, Recent *recent, PyObject *const *values, int count) {
-    for (int r = 0; r < RECENT; r++) {
-        PyObject *key = recent->keys[r];
-        if (key == NULL) continue;
-        int i = 0;
-        while (i < count && same(values[i], PyTuple_GET_ITEM(key, i))) i++;
-        if (i == count) return recent->values[r];
-    }
+    PyObject *found = recent_match(recent, values, count, 1);
+    if (found != NULL) return found;
     PyObject *key = PyTuple_New(count);
     for (int i = 0; key != NULL && i < count; i++) PyTuple_SET_ITEM(key, i, Py_NewRef(values[i]));
     return cached(shapes, key, recent);
