@@ -153,6 +153,64 @@ def order_swap(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
     )
 
 
+def data_ops(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Healthy: scatter and gather to a root that is not rank 0 (on the whole job and in a tp pair),
+    an all_to_all_single with uneven splits, a broadcast from rank 3. Ranks that are not the root
+    record an empty side (no scatter list, no gather list): that is no mismatch."""
+    world = dist.get_world_size()
+    root = 2
+    out = torch.zeros(4)
+    dist.scatter(out, [torch.full((4,), float(r)) for r in range(world)] if rank == root else None, src=root)
+    dist.gather(out, [torch.zeros(4) for _ in range(world)] if rank == root else None, dst=root)
+    tp_root = 1 if rank < 2 else 3  # the second member of each tp pair
+    pair = dist.get_process_group_ranks(g["tp"])
+    dist.scatter(out, [torch.ones(4) for _ in pair] if rank == tp_root else None, src=tp_root, group=g["tp"])
+    dist.gather(out, [torch.zeros(4) for _ in pair] if rank == tp_root else None, dst=tp_root, group=g["tp"])
+    # rank r sends (r + j) % 3 + 1 rows to rank j: every rank's splits differ, and so do its sizes
+    sent = [(rank + j) % 3 + 1 for j in range(world)]
+    received = [(j + rank) % 3 + 1 for j in range(world)]
+    output = torch.zeros(sum(received), 2)
+    dist.all_to_all_single(output, torch.ones(sum(sent), 2), received, sent)
+    dist.broadcast(out, 3)
+    dist.all_reduce(out)
+    dist.barrier()
+
+
+def _grid(rank: int) -> tuple[int, int, int]:
+    """(tp, pp, dp) coordinates of a rank of the 8-rank grid: tp fastest, then dp, then pp."""
+    return rank % 2, rank // 4, (rank // 2) % 2
+
+
+def grid_3d(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """Healthy: 2 tp x 2 pp x 2 dp, a forward and backward with tp all_reduces, the activations sent
+    down the pipeline (sends and recvs are not recorded by gloo), dp and pipeline all_reduces."""
+    _grid_steps(rank, dist, torch, g, skipper=None)
+
+
+def grid_3d_skip(rank: int, dist: Any, torch: Any, g: dict[str, Any]) -> None:
+    """The 3-D grid, where rank 5 stops before its dp all_reduce of the second step; rank 7 waits for it."""
+    _grid_steps(rank, dist, torch, g, skipper=5)
+
+
+def _grid_steps(rank: int, dist: Any, torch: Any, g: dict[str, Any], skipper: int | None) -> None:
+    _, stage, _ = _grid(rank)
+    t = torch.ones(8)
+    peer = rank + 4 if stage == 0 else rank - 4
+    for step in range(2):
+        dist.all_reduce(t, group=g["tp"])
+        if stage == 0:
+            dist.send(t, peer)
+        else:
+            dist.recv(t, peer)
+        dist.all_reduce(t, group=g["tp"])
+        if step == 1 and rank == skipper:
+            time.sleep(TIMEOUT.total_seconds() + 1)
+            g["dump"]()
+            return
+        _try(lambda: dist.all_reduce(t, group=g["dp"]))
+        _try(lambda: dist.all_reduce(t, group=g["pp"]))
+
+
 SCENARIOS: dict[str, tuple[int, Callable[..., None]]] = {
     "healthy": (4, healthy),
     "skip": (4, skip),
@@ -162,6 +220,9 @@ SCENARIOS: dict[str, tuple[int, Callable[..., None]]] = {
     "dtype_mismatch": (4, dtype_mismatch),
     "type_mismatch": (4, type_mismatch),
     "order_swap": (4, order_swap),
+    "data_ops": (4, data_ops),
+    "grid_3d": (8, grid_3d),
+    "grid_3d_skip": (8, grid_3d_skip),
 }
 # Scenarios whose odd ranks dump JSON instead of pickle, to show mixed formats in one job.
 JSON_ODD_RANKS = {"healthy"}
@@ -173,8 +234,16 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out_dir: str) ->
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT)
-    groups = {}
-    if world == 4:
+    groups: dict[str, Any] = {}
+    if world == 8:
+        # tp pairs, pipelines and dp pairs of a 2 x 2 x 2 grid, made by every rank in one order
+        for desc, same in (("tp", lambda a, b: a[1:] == b[1:]), ("pp", lambda a, b: (a[0], a[2]) == (b[0], b[2])),
+                           ("dp", lambda a, b: a[:2] == b[:2])):  # fmt: skip
+            for members in sorted({tuple(r for r in range(8) if same(_grid(r), _grid(m))) for m in range(8)}):
+                group = dist.new_group(list(members), timeout=TIMEOUT, group_desc=desc)
+                if rank in members:
+                    groups[desc] = group
+    elif world == 4:
         # Every rank creates every group, in the same order, as torch requires.
         tp = [dist.new_group(members, timeout=TIMEOUT, group_desc="tp") for members in ([0, 1], [2, 3])]
         dp = [dist.new_group(members, timeout=TIMEOUT, group_desc="dp") for members in ([0, 2], [1, 3])]

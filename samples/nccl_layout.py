@@ -26,14 +26,102 @@ FRAMES = {
     "train": [
         {
             "name": "all_reduce",
-            "filename": "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py",
+            "filename": "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
             "line": 3245,
         },
-        {"name": "wrapper", "filename": "/usr/lib/python3/site-packages/torch/distributed/c10d_logger.py", "line": 83},
-        {"name": "train_step", "filename": "/home/alice/project/train.py", "line": 118},
-        {"name": "main", "filename": "/home/alice/project/train.py", "line": 204},
+        {
+            "name": "wrapper",
+            "filename": "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py",
+            "line": 83,
+        },
+        {"name": "train_step", "filename": "/job/train.py", "line": 118},
+        {"name": "main", "filename": "/job/train.py", "line": 204},
     ],
 }
+
+
+def entry_dict(
+    *,
+    frames: list[dict[str, Any]] | None,
+    record_id: int,
+    pg_id: int,
+    group: tuple[str, str],
+    thread_id: str,
+    collective_seq: int,
+    p2p_seq: int,
+    op_id: int,
+    profiling_name: str,
+    created: int,
+    duration_ms: float | None,
+    input_sizes: list[list[int]],
+    input_dtypes: list[str],
+    output_sizes: list[list[int]],
+    output_dtypes: list[str],
+    started: int | None,
+    completed: int | None,
+    timeout_ms: int,
+    is_p2p: bool,
+    thread_name: str = "pt_main_thread",
+) -> dict[str, Any]:
+    """One entry, its keys in the order ``getCollectiveTrace`` writes them; the state follows from the times
+    (``completed`` if the end event was seen, else ``started`` if the start event was, else ``scheduled``) and
+    ``retired`` from completion, as for a work the watchdog retired."""
+    entry: dict[str, Any] = {}
+    if frames:
+        entry["frames"] = frames
+    entry["record_id"] = record_id
+    entry["pg_id"] = pg_id
+    entry["process_group"] = group
+    entry["thread_name"] = thread_name
+    entry["thread_id"] = thread_id
+    entry["collective_seq_id"] = collective_seq
+    entry["p2p_seq_id"] = p2p_seq
+    entry["op_id"] = op_id
+    entry["profiling_name"] = profiling_name
+    entry["time_created_ns"] = created
+    if duration_ms is not None and completed is not None:
+        entry["duration_ms"] = duration_ms
+    entry["input_sizes"] = input_sizes
+    entry["input_dtypes"] = input_dtypes
+    entry["output_sizes"] = output_sizes
+    entry["output_dtypes"] = output_dtypes
+    entry["state"] = "completed" if completed else "started" if started else "scheduled"
+    entry["time_discovered_started_ns"] = started
+    entry["time_discovered_completed_ns"] = completed
+    entry["retired"] = completed is not None
+    entry["timeout_ms"] = timeout_ms
+    entry["is_p2p"] = is_p2p
+    return entry
+
+
+def dump_bytes(
+    entries: list[dict[str, Any]],
+    pg_config: dict[str, dict[str, str]],
+    pg_status: dict[str, list[int]],
+    *,
+    as_json: bool = False,
+) -> bytes:
+    """A whole dump as PyTorch writes it: a protocol-2 pickle, or ``dump_json`` (0 for unset times, string
+    ``pg_status`` values, no frames, no ``entries`` key when there are none)."""
+    if as_json:
+        doc: dict[str, Any] = {
+            "version": "2.10",
+            "comm_lib_version": "2.27.5",
+            "pg_config": pg_config,
+            "pg_status": {k: _status_dict(v, str) for k, v in pg_status.items()},
+        }
+        if entries:
+            doc["entries"] = [_json_entry(e) for e in entries]
+        doc["nccl_comm_state"] = {}
+        return json.dumps(doc, sort_keys=True).encode()
+    doc = {
+        "version": "2.10",
+        "pg_config": pg_config,
+        "comm_lib_version": "2.27.5",
+        "pg_status": {k: _status_dict(v, int) for k, v in pg_status.items()},
+        "entries": entries,
+    }
+    return pickle.dumps(doc, protocol=2)
 
 
 @dataclass
@@ -97,31 +185,28 @@ class Job:
         r = self.ranks[rank]
         if new_op:
             r.next_op += 1
-        entry: dict[str, Any] = {}
-        if self.stacks:
-            entry["frames"] = FRAMES["train"]
-        entry["record_id"] = r.next_record
-        entry["pg_id"] = self._pg_id(rank, name)
-        entry["process_group"] = (name, self.groups[name][0])
-        entry["thread_name"] = "pt_main_thread"
-        entry["thread_id"] = str(140_000_000_000_000 + rank)
-        entry["collective_seq_id"] = seq if seq is not None else r.collective_seq.get(name, 0)
-        entry["p2p_seq_id"] = p2p_seq if p2p_seq is not None else r.p2p_seq.get(name, 0)
-        entry["op_id"] = r.next_op
-        entry["profiling_name"] = profiling
-        entry["time_created_ns"] = created
-        if duration is not None and completed is not None:
-            entry["duration_ms"] = duration
-        entry["input_sizes"] = sizes
-        entry["input_dtypes"] = [dtype] * len(sizes)
-        entry["output_sizes"] = out_sizes if out_sizes is not None else sizes
-        entry["output_dtypes"] = [dtype] * len(entry["output_sizes"])
-        entry["state"] = "completed" if completed else "started" if started else "scheduled"
-        entry["time_discovered_started_ns"] = started
-        entry["time_discovered_completed_ns"] = completed
-        entry["retired"] = completed is not None
-        entry["timeout_ms"] = timeout_ms
-        entry["is_p2p"] = p2p
+        outputs = out_sizes if out_sizes is not None else sizes
+        entry = entry_dict(
+            frames=FRAMES["train"] if self.stacks else None,
+            record_id=r.next_record,
+            pg_id=self._pg_id(rank, name),
+            group=(name, self.groups[name][0]),
+            thread_id=str(140_000_000_000_000 + rank),
+            collective_seq=seq if seq is not None else r.collective_seq.get(name, 0),
+            p2p_seq=p2p_seq if p2p_seq is not None else r.p2p_seq.get(name, 0),
+            op_id=r.next_op,
+            profiling_name=profiling,
+            created=created,
+            duration_ms=duration if completed is not None else None,
+            input_sizes=sizes,
+            input_dtypes=[dtype] * len(sizes),
+            output_sizes=outputs,
+            output_dtypes=[dtype] * len(outputs),
+            started=started,
+            completed=completed,
+            timeout_ms=timeout_ms,
+            is_p2p=p2p,
+        )
         r.next_record += 1
         r.entries.append(entry)
         return entry
@@ -267,7 +352,9 @@ class Job:
                 created=self.clock + 1_000 * len(names),
                 started=start,
                 completed=complete,
-                p2p=True,
+                # endCoalescing's work is recorded by initWork with isP2POp(OpType::COALESCED), which is false,
+                # and with the group's current collective seq: the batch bumped only seqP2P_.
+                p2p=False,
                 p2p_seq=seq,
                 duration=0.5,
                 new_op=False,
@@ -294,28 +381,9 @@ class Job:
                 for name, (desc, members) in self.groups.items()
                 if r.rank in members
             }
-            if r.rank in json_ranks:
-                path = os.path.join(out_dir, f"{prefix}{r.rank}.json")
-                doc: dict[str, Any] = {
-                    "version": "2.10",
-                    "comm_lib_version": "2.27.5",
-                    "pg_config": pg_config,
-                    "pg_status": {k: _status_dict(v, str) for k, v in r.pg_status.items()},
-                }
-                if kept:
-                    doc["entries"] = [_json_entry(e) for e in kept]
-                doc["nccl_comm_state"] = {}
-                data = json.dumps(doc, sort_keys=True).encode()
-            else:
-                path = os.path.join(out_dir, f"{prefix}{r.rank}")
-                doc = {
-                    "version": "2.10",
-                    "pg_config": pg_config,
-                    "comm_lib_version": "2.27.5",
-                    "pg_status": {k: _status_dict(v, int) for k, v in r.pg_status.items()},
-                    "entries": kept,
-                }
-                data = pickle.dumps(doc, protocol=2)
+            as_json = r.rank in json_ranks
+            path = os.path.join(out_dir, f"{prefix}{r.rank}" + (".json" if as_json else ""))
+            data = dump_bytes(kept, pg_config, r.pg_status, as_json=as_json)
             with open(path, "wb") as f:
                 f.write(data)
             paths.append(path)
