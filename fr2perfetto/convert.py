@@ -72,7 +72,9 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     view = view or full_view(job)
     index = ops_by_rank(ops, {rep for rep, _ in view.processes}) if view.folded else analysis.ops_by_rank()
     drawn = drawn_counts(index, view) if view.folded else None
-    finding_tracks, highlights = findings_tracks(analysis.diagnosis.findings, span, drawn)
+    diagnosis = analysis.diagnosis
+    offsets = diagnosis.evidence.clocks.offsets if diagnosis.evidence is not None else {}
+    finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets)
     scene = _Scene(job, index, span, highlights, view)
     as_json = output_format(path) == "json"
     with atomic_output(path) as raw, _maybe_gzip(raw, path) as out:

@@ -1,19 +1,22 @@
 """Turn matched ops into findings and one verdict: which rank, which group, which op, and why.
 
 The diagnosis is a list of rules (``RULES``), each a small function from the ``Evidence`` of a job
-to its findings. ``diagnose`` runs them all, then ``verdict`` weighs the findings.
+(who waits for whom, ``evidence``) to its findings. ``diagnose`` runs them all, then ``verdict``
+weighs the findings: those about a root cause (a rank nothing blocks, a deadlock, an op that is a
+cause by itself) come first, earliest first; findings about victims follow.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .arguments import recorded_sizes
+from .blame import Blame, assign_blame
+from .evidence import WAIT_NOT_STARTED, Evidence, gather_evidence
 from .job import Job
 from .model import (
-    COMPLETED,
     INCOMPLETE,
     MISMATCH,
     MISSING,
@@ -27,6 +30,7 @@ from .model import (
     ranks_label,
     state_entry,
 )
+from .stragglers import find_stragglers
 
 # Finding kinds, as the report names them.
 KIND_MISSING = "missing"
@@ -34,6 +38,7 @@ KIND_DEADLOCK = "deadlock"
 KIND_STUCK = "stuck"
 KIND_P2P = "p2p"
 KIND_NO_DUMP = "no_dump"
+KIND_NOT_STARTED = "not_started"
 KIND_STRAGGLER = "straggler"
 MISMATCH_KINDS = {"size": "size_mismatch", "dtype": "dtype_mismatch", "op": "type_mismatch"}
 
@@ -43,6 +48,7 @@ CATEGORY_NEVER_REACHED = "a rank never reached the collective (CPU-side divergen
 CATEGORY_DEADLOCK = "deadlock across process groups (ranks wait for each other in different groups)"
 CATEGORY_ARGUMENTS = "wrong collective arguments (ranks disagree on op, size or dtype)"
 CATEGORY_GPU_HANG = "GPU/NCCL/network hang (every rank entered the op and none completed)"
+CATEGORY_NOT_STARTED = "a rank's GPU never started the op (a kernel of its own holds its stream)"
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
 CATEGORY_STRAGGLER = "slow rank (a straggler enqueues collectives late)"
 CATEGORY_NONE = "none"
@@ -65,18 +71,16 @@ class Diagnosis:
 
     verdict: Verdict
     findings: list[Finding]
+    evidence: Evidence | None = None
+    roles: dict[tuple[int, int], str] = field(default_factory=dict)  # see ``victim_roles``
 
 
 @dataclass(slots=True)
-class Evidence:
-    """What the rules look at: the job, its matched ops, and who waits for whom."""
+class _Context:
+    """What every rule reads: the evidence and where each wait leads."""
 
-    job: Job
-    ops: list[MatchedOp]
-    # rank -> the first op it issued and is blocked in (others never joined it)
-    blocked_in: dict[int, MatchedOp]
-    # rank -> ranks it waits for in that op
-    waits_for: dict[int, tuple[int, ...]]
+    evidence: Evidence
+    blame: Blame
 
 
 def where(op: MatchedOp) -> str:
@@ -93,32 +97,6 @@ def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
     return f"{ranks_text(ranks)} {singular if len(ranks) == 1 else plural}"
 
 
-def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
-    """Find, for every rank, the op it is blocked in and the ranks it waits for there.
-
-    A rank is blocked in the earliest op it issued that some member never issued (missing), or,
-    where ranks left no dump, in the earliest op it has not completed that a dumpless rank is in.
-    """
-    blocked_in: dict[int, MatchedOp] = {}
-    waits_for: dict[int, tuple[int, ...]] = {}
-    no_dump = set(job.missing_ranks)
-    for op in ops:  # ops come in time order, so the first one seen is the earliest
-        if op.status == MISSING:
-            waiting_on = op.missing
-        elif op.unknown and no_dump.intersection(op.unknown):
-            waiting_on = tuple(r for r in op.unknown if r in no_dump)
-        else:
-            continue
-        for rank, entries in op.entries.items():
-            last = state_entry(entries)
-            if last.state == COMPLETED and op.status != MISSING:
-                continue
-            if rank not in blocked_in:
-                blocked_in[rank] = op
-                waits_for[rank] = waiting_on
-    return Evidence(job, ops, blocked_in, waits_for)
-
-
 def last_op_text(evidence: Evidence, rank: int) -> str:
     """What a rank did last, as evidence: ``its last op: all_reduce #3 of tp (...)``."""
     dump = evidence.job.dumps.get(rank)
@@ -129,9 +107,8 @@ def last_op_text(evidence: Evidence, rank: int) -> str:
     last = dump.entries[-1]
     group = evidence.job.group_of[(rank, last.group_name)]
     seq = last.p2p_seq if last.is_p2p else last.collective_seq
-    return (
-        f"rank {rank}'s last op: {last.op} #{seq} of {group.desc or 'pg ' + group.name} (pg {group.name}), {last.state}"
-    )
+    state = state_entry([last]).state
+    return f"rank {rank}'s last op: {last.op} #{seq} of {group.desc or 'pg ' + group.name} (pg {group.name}), {state}"
 
 
 def culprit_frames(evidence: Evidence, rank: int) -> tuple[Frame, ...]:
@@ -145,8 +122,50 @@ def culprit_frames(evidence: Evidence, rank: int) -> tuple[Frame, ...]:
     return ()
 
 
-def rule_missing(evidence: Evidence) -> list[Finding]:
-    """Per group, the first op some members never issued; suspects blocked elsewhere are victims."""
+def _victim_line(context: _Context, rank: int) -> str:
+    """Why a rank that never issued an op is not to blame: where it is blocked, and on whom."""
+    wait = context.evidence.waits[rank]
+    if not wait.on:
+        return f"rank {rank} is a victim, not a culprit: it is blocked in {where(wait.op)}."
+    return (
+        f"rank {rank} is a victim, not a culprit: it is blocked in {where(wait.op)}, waiting for {ranks_text(wait.on)}."
+    )
+
+
+def _queued_line(context: _Context, ranks: list[int] | tuple[int, ...]) -> list[str]:
+    """How many of their later ops wait behind the op the ``ranks`` are blocked in (victims)."""
+    queued = {r: len(context.evidence.queued.get(r, ())) for r in ranks}
+    behind = [r for r, count in queued.items() if count]
+    if not behind:
+        return []
+    total = sum(queued.values())
+    return [f"{total} later ops of {ranks_text(behind)} are queued behind it and never started (victims)."]
+
+
+def _culprits_among(context: _Context, op: MatchedOp, absent: tuple[int, ...]) -> tuple[int, ...]:
+    """The ranks that never issued ``op`` and are to blame for it: culprits of the wait-for graph (one
+    that skipped an op, only in the op it skipped) and ranks blocked nowhere."""
+    blame, waits = context.blame, context.evidence.waits
+    return tuple(
+        r for r in absent
+        if (r in blame.culprits and (r not in blame.skipped or blame.skipped[r][0] is op)) or r not in waits
+    )  # fmt: skip
+
+
+def _absent_line(context: _Context, rank: int, culprits: tuple[int, ...]) -> str:
+    """Why a rank that never issued an op is, or is not, to blame for it."""
+    skipped = context.blame.skipped.get(rank)
+    if skipped is not None:
+        op, line = skipped
+        return line + "." if rank in culprits else f"rank {rank} skipped {where(op)} before (see there)."
+    if rank in culprits:
+        return last_op_text(context.evidence, rank) + "."
+    return _victim_line(context, rank)
+
+
+def rule_missing(context: _Context) -> list[Finding]:
+    """Per group, the first collective some members never issued; suspects blocked elsewhere are victims."""
+    evidence = context.evidence
     findings = []
     seen: set[Group] = set()
     for op in evidence.ops:
@@ -154,22 +173,11 @@ def rule_missing(evidence: Evidence) -> list[Finding]:
             continue
         seen.add(op.group)
         issued = tuple(sorted(op.entries))
-        victims = {
-            r: evidence.blocked_in[r]
-            for r in op.missing
-            if r in evidence.blocked_in and evidence.blocked_in[r] is not op
-        }
-        culprits = tuple(r for r in op.missing if r not in victims)
+        culprits = _culprits_among(context, op, op.missing)
         lines = [f"{ranks_text(issued)} entered {where(op)}; {ranks_text(op.missing)} never did."]
         for rank in op.missing:
-            if rank in victims:
-                blocked = victims[rank]
-                lines.append(
-                    f"rank {rank} is a victim, not a culprit: it is blocked in {where(blocked)}, "
-                    f"waiting for {ranks_text(evidence.waits_for[rank])}."
-                )
-            else:
-                lines.append(last_op_text(evidence, rank) + ".")
+            lines.append(_absent_line(context, rank, culprits))
+        lines += _queued_line(context, [r for r in issued if evidence.blocked_in.get(r) is op])
         later = sum(1 for o in evidence.ops if o.group == op.group and o.status == MISSING and o.seq > op.seq)
         if later:
             lines.append(f"{later} later ops of this group are unmatched too (a consequence).")
@@ -191,53 +199,45 @@ def rule_missing(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-def rule_deadlock(evidence: Evidence) -> list[Finding]:
-    """Cycles in the wait-for graph: A waits in group X for B while B waits in group Y for A."""
+def rule_deadlock(context: _Context) -> list[Finding]:
+    """Ranks that wait for each other (A waits in group X for B while B waits in group Y for A); the
+    rank whose order of ops differs from its peers' is named first."""
+    evidence = context.evidence
     findings = []
-    reported: set[frozenset[int]] = set()
-    for start in sorted(evidence.waits_for):
-        path = [start]
-        while True:
-            nexts = [r for r in evidence.waits_for.get(path[-1], ()) if r in evidence.waits_for]
-            if not nexts:
-                break
-            step = nexts[0]
-            if step in path:
-                cycle = path[path.index(step) :]
-                key = frozenset(cycle)
-                if key not in reported and len(cycle) > 1:
-                    reported.add(key)
-                    findings.append(_deadlock_finding(evidence, cycle))
-                break
-            path.append(step)
+    for cycle in context.blame.cycles:
+        ordered, broke = cycle.ranks, cycle.why
+        ops = [evidence.waits[r].op for r in ordered]
+        lines = [
+            f"rank {rank} waits in {where(op)} for {ranks_text(evidence.waits[rank].on)}."
+            for rank, op in zip(ordered, ops, strict=True)
+        ]
+        lines += broke
+        if not broke:
+            lines.append("No rank's order of ops differs from its peers': the dumps cannot say which side to fix.")
+        first = min(ops, key=lambda o: o.first_time_ns)
+        names = " and ".join(dict.fromkeys(where(op) for op in ops))
+        culprits = tuple(ordered)
+        findings.append(
+            Finding(
+                kind=KIND_DEADLOCK,
+                group=first.group,
+                seq=first.seq,
+                op=first.name,
+                ranks=tuple(sorted(ordered)),
+                culprit_ranks=culprits,
+                evidence=lines,
+                summary=f"deadlock: {ranks_text(sorted(ordered))} wait for each other in {names}",
+                time_ns=first.first_time_ns,
+                culprit_frames=culprit_frames(evidence, culprits[0]),
+                op_keys=tuple(dict.fromkeys(op.op_key for op in ops)),
+            )
+        )
     return findings
 
 
-def _deadlock_finding(evidence: Evidence, cycle: list[int]) -> Finding:
-    ops = [evidence.blocked_in[r] for r in cycle]
-    lines = [
-        f"rank {rank} waits in {where(op)} for {ranks_text(evidence.waits_for[rank])}."
-        for rank, op in zip(cycle, ops, strict=True)
-    ]
-    first = min(ops, key=lambda o: o.first_time_ns)
-    names = " and ".join(dict.fromkeys(where(op) for op in ops))
-    return Finding(
-        kind=KIND_DEADLOCK,
-        group=first.group,
-        seq=first.seq,
-        op=first.name,
-        ranks=tuple(sorted(cycle)),
-        culprit_ranks=tuple(sorted(cycle)),
-        evidence=lines,
-        summary=f"deadlock: {ranks_text(sorted(cycle))} wait for each other in {names}",
-        time_ns=first.first_time_ns,
-        culprit_frames=culprit_frames(evidence, cycle[0]),
-        op_keys=tuple(dict.fromkeys(op.op_key for op in ops)),
-    )
-
-
-def rule_mismatch(evidence: Evidence) -> list[Finding]:
+def rule_mismatch(context: _Context) -> list[Finding]:
     """Ops whose members disagree on op, size or dtype: the minority is to blame (if there is one)."""
+    evidence = context.evidence
     findings = []
     for op in evidence.ops:
         if op.status != MISMATCH:
@@ -249,9 +249,9 @@ def rule_mismatch(evidence: Evidence) -> list[Finding]:
             if op.mismatch == "op":
                 values[rank] = ", ".join(e.op for e in inner)
             elif op.mismatch == "size":
-                values[rank] = " ".join(str([list(s) for s in e.input_sizes or e.output_sizes]) for e in inner)
+                values[rank] = " ".join(str([list(s) for s in recorded_sizes(e)]) for e in inner)
             else:
-                values[rank] = " ".join(",".join(e.input_dtypes or e.output_dtypes) for e in inner)
+                values[rank] = " ".join(",".join(sorted(set(e.input_dtypes) | set(e.output_dtypes))) for e in inner)
         by_value: dict[str, list[int]] = defaultdict(list)
         for rank, value in values.items():
             by_value[value].append(rank)
@@ -284,19 +284,22 @@ def rule_mismatch(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-def rule_stuck(evidence: Evidence) -> list[Finding]:
-    """Per group, the first op every member entered and none completed: nobody to blame in the dumps."""
+def rule_stuck(context: _Context) -> list[Finding]:
+    """Per group, the first op every member entered and none completed, where the waits end (no member
+    is blocked in an earlier op of its own): nobody to blame in the dumps."""
+    evidence = context.evidence
     findings = []
     seen: set[Group] = set()
-    for op in evidence.ops:
+    for op in context.blame.causes:
         if op.status != STUCK or op.group in seen:
             continue
         seen.add(op.group)
         states = sorted({state_entry(e).state for e in op.entries.values()})
         lines = [
-            f"all {len(op.group.members)} members issued {where(op)} ({'/'.join(states)}) and none completed it.",
+            f"all {len(op.entries)} members issued {where(op)} ({'/'.join(states)}) and none completed it.",
             "No rank is missing and none disagrees: the dumps point at the GPU, NCCL or the network, not at a rank.",
         ]
+        lines += _queued_line(context, [r for r in op.entries if evidence.blocked_in.get(r) is op])
         findings.append(
             Finding(
                 kind=KIND_STUCK,
@@ -314,24 +317,84 @@ def rule_stuck(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-def rule_p2p(evidence: Evidence) -> list[Finding]:
-    """A send without its recv, or a recv without its send, with both ends in global ranks."""
+def rule_not_started(context: _Context) -> list[Finding]:
+    """Ranks whose part of an op is ``scheduled`` while their peers' is ``started``: their kernel never
+    began, because something of their own holds their stream; named with that op, or, where nothing
+    in the dumps holds it, as the culprit (a compute kernel or a copy of theirs never finished)."""
+    evidence, blame = context.evidence, context.blame
     findings = []
-    for op in evidence.ops:
-        if op.kind != "p2p" or op.status != MISSING or not op.peers:
+    named: set[int] = set()
+    for wait in sorted(evidence.waits.values(), key=lambda w: w.op.first_time_ns):
+        if wait.reason != WAIT_NOT_STARTED:
             continue
+        op = wait.op
+        late = tuple(r for r in wait.on if r not in named)
+        if not late:
+            continue
+        named.update(late)
+        started = tuple(sorted(r for r, w in evidence.waits.items() if w.op is op and w.reason == WAIT_NOT_STARTED))
+        lines = [f"{ranks_text(started)} started {where(op)}; the kernel of {ranks_text(late)} never started."]
+        culprits = []
+        for rank in late:
+            held = evidence.waits.get(rank)
+            if held is not None and held.op is not op:
+                lines.append(
+                    f"rank {rank}'s stream is held by {where(held.op)}, issued before it and not completed"
+                    + (f" (it waits there for {ranks_text(held.on)})." if held.on else ".")
+                )
+            elif rank in blame.culprits:
+                culprits.append(rank)
+                lines.append(
+                    f"no op of rank {rank} in its dump holds its stream: a kernel of its own (compute, a copy) "
+                    "never finished before this op could start."
+                )
+        summary = (
+            f"{ranks_text(late)} never started {where(op)}: "
+            + ("a kernel of its own holds its stream" if culprits else "its stream is held by an earlier op")
+            + f"; {verb(started, 'waits', 'wait')} in it"
+        )
+        findings.append(
+            Finding(
+                kind=KIND_NOT_STARTED,
+                group=op.group,
+                seq=op.seq,
+                op=op.name,
+                ranks=tuple(sorted(op.entries)),
+                culprit_ranks=tuple(culprits),
+                evidence=lines,
+                summary=summary,
+                time_ns=op.first_time_ns,
+                culprit_frames=culprit_frames(evidence, culprits[0]) if culprits else (),
+                op_keys=(op.op_key,),
+            )
+        )
+    return findings
+
+
+def rule_p2p(context: _Context) -> list[Finding]:
+    """Per pair, the first send without its recv (or recv without its send), both ends in global ranks;
+    the side that posted and waits is a victim."""
+    evidence, blame = context.evidence, context.blame
+    findings = []
+    seen: set[tuple[Group, tuple[int, int] | None]] = set()
+    for op in evidence.ops:
+        if op.kind != "p2p" or op.status != MISSING or not op.peers or (op.group, op.peers) in seen:
+            continue
+        seen.add((op.group, op.peers))
         src, dst = op.peers
         (present,) = list(op.entries) or [None]
         mine = head_entry(op.entries[present]).op if present is not None else "?"
         other = "recv" if mine == "send" else "send"
         absent = op.missing
-        victims = {r for r in absent if r in evidence.blocked_in and evidence.blocked_in[r] is not op}
-        culprits = tuple(r for r in absent if r not in victims)
+        culprits = _culprits_among(context, op, absent)
         lines = [
-            f"rank {present} posted {op.title_as(mine)} (global ranks {src} -> {dst}); "
-            f"rank {absent[0]} never posted the matching {other}."
+            f"rank {present} posted {op.title_as(mine)} (global ranks {src} -> {dst}, #{op.seq} in the pair's "
+            f"order); rank {absent[0]} never posted the matching {other}."
         ]
-        lines += [last_op_text(evidence, r) + "." for r in absent]
+        if present is not None and present not in blame.culprits:
+            lines.append(f"rank {present} is a victim: its {mine} waits for rank {absent[0]}.")
+        for rank in absent:
+            lines.append(_absent_line(context, rank, culprits))
         findings.append(
             Finding(
                 kind=KIND_P2P,
@@ -350,17 +413,19 @@ def rule_p2p(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-def rule_no_dump(evidence: Evidence) -> list[Finding]:
+def rule_no_dump(context: _Context) -> list[Finding]:
     """Members that left no file; when the others wait for them, they are the culprits."""
+    evidence, blame = context.evidence, context.blame
     findings = []
     for rank in evidence.job.missing_ranks:
-        waiting = sorted(r for r, on in evidence.waits_for.items() if rank in on)
+        waiting = sorted(r for r, wait in evidence.waits.items() if rank in wait.on)
         groups = [g for g in evidence.job.groups if rank in g.members]
         lines = [f"rank {rank} is a member of {len(groups)} group(s) but no dump of it was read."]
-        blocking = [evidence.blocked_in[r] for r in waiting]
+        blocking = [evidence.waits[r].op for r in waiting]
         if waiting:
             first = min(blocking, key=lambda o: o.first_time_ns)
             lines.append(f"{ranks_text(waiting)} have not completed {where(first)}, which rank {rank} is a member of.")
+        to_blame = bool(waiting) and rank in blame.culprits
         findings.append(
             Finding(
                 kind=KIND_NO_DUMP,
@@ -368,7 +433,7 @@ def rule_no_dump(evidence: Evidence) -> list[Finding]:
                 seq=blocking[0].seq if waiting else 0,
                 op=blocking[0].name if waiting else "",
                 ranks=(rank, *waiting),
-                culprit_ranks=(rank,) if waiting else (),
+                culprit_ranks=(rank,) if to_blame else (),
                 evidence=lines,
                 summary=f"rank {rank} left no dump"
                 + (f" and {verb(waiting, 'waits', 'wait')} for it" if waiting else ""),
@@ -379,52 +444,43 @@ def rule_no_dump(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-STRAGGLER_MIN_OPS = 5
-STRAGGLER_MIN_SHARE = 0.5
-STRAGGLER_MIN_LAG_NS = 1_000_000
-
-
-def rule_straggler(evidence: Evidence) -> list[Finding]:
-    """Ranks that are the last to enqueue in most collectives, by a clear margin (needs start times)."""
-    if not any(dump.has_timing for dump in evidence.job.dumps.values()):
-        return []
-    last_count: dict[int, int] = defaultdict(int)
-    lags: dict[int, list[int]] = defaultdict(list)
-    considered = 0
-    for op in evidence.ops:
-        if op.kind != "collective" or len(op.entries) < 3:
-            continue
-        created = op.created_ns
-        middle = statistics.median(created)
-        considered += 1
-        latest_time = max(created)
-        latest = list(op.entries)[created.index(latest_time)]  # the first rank to be that late
-        last_count[latest] += 1
-        lags[latest].append(int(latest_time - middle))
+def rule_straggler(context: _Context) -> list[Finding]:
+    """Members that enqueue last, by a clear margin, in most ops of one group (``stragglers``)."""
+    evidence = context.evidence
     findings = []
-    if considered < STRAGGLER_MIN_OPS:
-        return findings
-    for rank, count in sorted(last_count.items()):
-        share = count / considered
-        median_lag = statistics.median(lags[rank])
-        if share < STRAGGLER_MIN_SHARE or median_lag < STRAGGLER_MIN_LAG_NS:
-            continue
-        worst = max(lags[rank])
+    for found in find_stragglers(evidence):
+        group, rank = found.group, found.rank
+        name = f"{group.desc or 'pg ' + group.name} (pg {group.name}, {len(group.members)} ranks)"
+        share = found.count / found.considered
         lines = [
-            f"rank {rank} was the last to enqueue in {count} of {considered} collectives ({share:.0%}),",
-            f"{median_lag / 1e6:.1f} ms after the median rank (median), {worst / 1e6:.1f} ms at worst.",
+            f"rank {rank} was the last member of {name} to enqueue in {found.count} of its {found.considered} "
+            f"collectives ({share:.0%}), by at least {found.threshold_ns / 1e6:.0f} ms each time;",
+            f"it enqueued {found.median_lag_ns / 1e6:.1f} ms after the median member (median), "
+            f"{found.p90_lag_ns / 1e6:.1f} ms (p90).",
         ]
+        clock = evidence.clocks.groups.get(group)
+        if found.aligned and clock is not None and any(clock.estimates.values()):
+            lines.append(
+                f"times compared on the members' clocks aligned from completion times (to within "
+                f"{clock.uncertainty_ns / 1e6:.1f} ms)."
+            )
+        elif not found.aligned:
+            lines.append(
+                "no completion times to align the hosts' clocks: only a margin larger than any plausible "
+                f"clock skew ({found.threshold_ns / 1e6:.0f} ms) counts."
+            )
         findings.append(
             Finding(
                 kind=KIND_STRAGGLER,
-                group=None,
+                group=group,
                 seq=0,
                 op="",
                 ranks=(rank,),
                 culprit_ranks=(rank,),
                 evidence=lines,
-                summary=f"rank {rank} enqueues collectives late: {median_lag / 1e6:.1f} ms median, "
-                f"{worst / 1e6:.1f} ms worst, in {share:.0%} of collectives",
+                summary=f"rank {rank} enqueues late in {group.desc or 'pg ' + group.name}: "
+                f"{found.median_lag_ns / 1e6:.1f} ms median, {found.p90_lag_ns / 1e6:.1f} ms p90, "
+                f"in {share:.0%} of its collectives",
                 time_ns=0,
                 culprit_frames=culprit_frames(evidence, rank),
             )
@@ -432,21 +488,23 @@ def rule_straggler(evidence: Evidence) -> list[Finding]:
     return findings
 
 
-RULES: list[Callable[[Evidence], list[Finding]]] = [
+RULES: list[Callable[[_Context], list[Finding]]] = [
     rule_deadlock,
     rule_missing,
     rule_p2p,
+    rule_not_started,
     rule_no_dump,
     rule_mismatch,
     rule_stuck,
     rule_straggler,
 ]
 
-# Which kinds make which verdict, strongest first.
+# What each kind of finding makes of the verdict.
 _WEIGHT = {
     KIND_DEADLOCK: (HANG, CATEGORY_DEADLOCK),
     KIND_MISSING: (HANG, CATEGORY_NEVER_REACHED),
     KIND_P2P: (HANG, CATEGORY_NEVER_REACHED),
+    KIND_NOT_STARTED: (HANG, CATEGORY_NOT_STARTED),
     KIND_NO_DUMP: (HANG, CATEGORY_NO_DUMP),
     "type_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
     "size_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
@@ -454,14 +512,24 @@ _WEIGHT = {
     KIND_STUCK: (HANG, CATEGORY_GPU_HANG),
     KIND_STRAGGLER: (HEALTHY, CATEGORY_STRAGGLER),
 }
+_CAUSES_BY_THEMSELVES = {KIND_DEADLOCK, KIND_STUCK, *MISMATCH_KINDS.values()}
 
 
-def verdict(findings: list[Finding], ops: list[MatchedOp]) -> Verdict:
-    """Weigh the findings: the strongest kind decides status and category; culprits in that order."""
-    blaming = [f for f in findings if f.kind != KIND_NO_DUMP or f.culprit_ranks]
+def verdict(findings: list[Finding], ops: list[MatchedOp], timed: bool = True) -> Verdict:
+    """Weigh the findings: root causes first (findings that blame a rank, deadlocks, ops that are causes
+    by themselves), earliest first; stragglers last. The first decides status and category.
+
+    Without start events (``timed`` false) an op every member is in and none completed may be queued
+    behind something on every rank: such a "stuck" op comes after every other root cause."""
+    informational = [f for f in findings if f.kind == KIND_STRAGGLER]
+    blaming = [
+        f for f in findings
+        if f.kind != KIND_STRAGGLER and (f.culprit_ranks or f.kind in _CAUSES_BY_THEMSELVES or f.kind == KIND_MISSING
+                                         or f.kind == KIND_P2P or f.kind == KIND_NOT_STARTED)
+    ]  # fmt: skip
     if not blaming:
         unfinished = [op for op in ops if op.status == INCOMPLETE]
-        if unfinished:
+        if unfinished and not informational:
             op = unfinished[0]
             return Verdict(
                 UNDECIDED,
@@ -470,37 +538,68 @@ def verdict(findings: list[Finding], ops: list[MatchedOp]) -> Verdict:
                 f"undecided: {where(op)} did not complete on every rank, and the dumps do not say why",
                 [f"{len(unfinished)} ops did not complete everywhere."],
             )
-        informational = [f.summary for f in findings]
-        return Verdict(
-            HEALTHY,
-            (),
-            CATEGORY_NONE,
-            "healthy: every op matched on every rank" + (f" ({'; '.join(informational)})" if informational else ""),
-            informational,
-        )
-    order = list(_WEIGHT)
-    # Findings that name a culprit come first: a victim's finding explains nothing by itself.
+        if informational:
+            top = informational[0]
+            culprits = tuple(dict.fromkeys(r for f in informational for r in f.culprit_ranks))
+            return Verdict(HEALTHY, culprits, CATEGORY_STRAGGLER, f"{HEALTHY}: {top.summary}",
+                           [f.summary for f in informational])  # fmt: skip
+        return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
     ranked = sorted(
-        blaming, key=lambda f: (not f.culprit_ranks and f.kind != KIND_STUCK, order.index(f.kind), f.time_ns)
+        blaming,
+        key=lambda f: (
+            not (f.culprit_ranks or f.kind in _CAUSES_BY_THEMSELVES),
+            f.kind == KIND_STUCK and not timed,
+            f.time_ns,
+        ),
     )
+    ranked = _gpu_side_first(ranked)
     top = ranked[0]
     status, category = _WEIGHT[top.kind]
     culprits: list[int] = []
-    for finding in ranked:
+    for finding in ranked:  # a straggler is no culprit of a hang
         for rank in finding.culprit_ranks:
             if rank not in culprits:
                 culprits.append(rank)
-    if status != HEALTHY and not top.culprit_ranks and top.kind != KIND_STUCK:
+    if not top.culprit_ranks and top.kind != KIND_STUCK:
         status = UNDECIDED
+        culprits = []  # what follows the undecided first cause may well be its consequence
     summary = f"{status}: {top.summary}"
-    return Verdict(status, tuple(culprits), category, summary, [f.summary for f in ranked])
+    return Verdict(status, tuple(culprits), category, summary, [f.summary for f in ranked + informational])
+
+
+def _gpu_side_first(ranked: list[Finding]) -> list[Finding]:
+    """A culprit whose kernel never started also never issued later ops (its CPU waits for its GPU at
+    the next sync): that it never started says why, so that finding leads."""
+    if not ranked or not ranked[0].culprit_ranks:
+        return ranked
+    first = ranked[0].culprit_ranks[0]
+    for index, finding in enumerate(ranked):
+        if finding.kind == KIND_NOT_STARTED and finding.culprit_ranks[:1] == (first,):
+            return [finding, *ranked[:index], *ranked[index + 1 :]]
+    return ranked
 
 
 def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
     """Run every rule over the job's matched ops and weigh the findings into a verdict."""
     evidence = gather_evidence(job, ops)
-    findings = [finding for rule in RULES for finding in rule(evidence)]
+    context = _Context(evidence, assign_blame(evidence))
+    findings = [finding for rule in RULES for finding in rule(context)]
     # A deadlock already explains the missing ops it is made of.
     deadlocked = {k for f in findings if f.kind == KIND_DEADLOCK for k in f.op_keys}
     findings = [f for f in findings if not (f.kind == KIND_MISSING and set(f.op_keys) <= deadlocked)]
-    return Diagnosis(verdict(findings, ops), findings)
+    return Diagnosis(verdict(findings, ops, evidence.timed), findings, evidence, victim_roles(context))
+
+
+def victim_roles(context: _Context) -> dict[tuple[int, int], str]:
+    """(rank, op key) -> what a victim does there: blocked in the op, waiting for other ranks, or
+    queued behind its own blocking op (its kernel never started). Culprits are marked elsewhere."""
+    evidence, blame = context.evidence, context.blame
+    roles: dict[tuple[int, int], str] = {}
+    for rank, wait in evidence.waits.items():
+        if rank not in blame.victims:
+            continue  # a culprit, or one of ranks that wait for each other
+        if wait.on:
+            roles[(rank, wait.op.op_key)] = f"victim: blocked here, waiting for {ranks_text(wait.on)} ({wait.reason})"
+        for queued in evidence.queued.get(rank, ()):
+            roles[(rank, queued.op_key)] = f"victim: queued behind {where(wait.op)}; its kernel never started"
+    return roles

@@ -89,7 +89,8 @@ def plan_view(
         shown_groups = {g for g in job.groups if g.name in groups or g.desc in groups}
         notes.append(f"only groups {', '.join(sorted(groups))} (--groups)")
     protected_ranks = {r for f in findings for r in f.culprit_ranks}
-    protected_groups = {f.group for f in findings if f.group is not None}
+    # a straggler is seen in any window of its group's ops: its finding keeps no history whole
+    protected_groups = {f.group for f in findings if f.group is not None and f.kind != "straggler"}
     by_group: dict[Group, list[MatchedOp]] = defaultdict(list)
     for op in ops:
         by_group[op.group].append(op)

@@ -1,15 +1,17 @@
 """Line up the same op across ranks.
 
-Collectives match on (group, collective seq), point-to-point ops on (group, source, destination,
-p2p seq), where group means name plus members. Every entry is visited a constant number of times
-(hash joins), so the cost grows linearly with the number of entries.
+Collectives match on (group, collective seq), where group means name plus members; send/recv by
+their order within each pair (``pairs``); coalesced groups are tied together first (``coalesce``).
+Every entry is visited a constant number of times (hash joins), so the cost grows linearly with the
+number of entries.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from operator import attrgetter
 
+from .arguments import dtypes_that_agree, sizes_that_agree
+from .coalesce import link_coalesced
 from .job import Job
 from .model import (
     COMPLETED,
@@ -22,40 +24,18 @@ from .model import (
     Entry,
     Group,
     MatchedOp,
-    closes_coalesced_group,
+    RankDump,
     head_entry,
     inner_entries,
     majority_op,
     state_entry,
 )
+from .pairs import CLOCK_MARGIN_NS, pair_ops
 from .speedups import SPEEDUPS as _speedups
 
-# Ops whose input sizes must agree on every rank. Others (gather, scatter, all_to_all, p2p) may
-# legitimately differ between ranks.
-SAME_SIZE_OPS = frozenset(
-    {
-        "all_reduce",
-        "allreduce",
-        "broadcast",
-        "_broadcast_oop",
-        "reduce",
-        "all_gather",
-        "allgather",
-        "_allgather_base",
-        "all_gather_into_tensor",
-        "reduce_scatter",
-        "_reduce_scatter_base",
-        "reduce_scatter_tensor",
-        "all_reduce_barrier",
-        "barrier",
-    }
-)
-
 CollectiveKey = tuple[Group, int]
-P2PKey = tuple[Group, int, int, int]
 
 
-_op_of = attrgetter("op")
 # Where the C speed-ups find what they read in an Entry.
 _BUCKET_FIELDS = tuple(Entry._fields.index(name) for name in ("group_name", "is_p2p", "collective_seq"))
 _SCAN_FIELDS = tuple(
@@ -66,56 +46,20 @@ _SCAN_FIELDS = tuple(
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
 
 
-def link_coalesced(job: Job) -> None:
-    """Point every op inside a coalesced group at the entry that closes it (``Entry.closed_by``).
-
-    A coalesced group is a run of entries of one group on one rank sharing a seq (the p2p seq for
-    point-to-point batches), ended by a ``coalesced`` / ``*_coalesced`` entry.
-    """
-    ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
-    for dump in job.dumps.values():
-        ops = set(map(_op_of, dump.entries))
-        for op in ops - ends.keys():
-            ends[op] = closes_coalesced_group(op)
-        if not any(ends[op] for op in ops):
-            continue  # most ranks never coalesce: nothing to link
-        entries = dump.entries
-        open_runs: dict[tuple[str, bool, int], list[int]] = {}  # -> positions of the run's entries
-        for position, entry in enumerate(entries):
-            seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
-            key = (entry.group_name, entry.is_p2p, seq)
-            if ends[entry.op]:
-                for inner in open_runs.pop(key, ()):
-                    entries[inner] = entries[inner]._replace(closed_by=entry)
-            else:
-                run = open_runs.get(key)
-                if run is not None:
-                    run.append(position)
-                else:
-                    open_runs[key] = [position]
-        # Runs never closed are plain ops.
-
-
 def match_ops(job: Job) -> list[MatchedOp]:
     """Every op of the job, matched across ranks and classified, in the order the ops began."""
     link_coalesced(job)
     collectives: dict[CollectiveKey, dict[int, list[Entry]]] = defaultdict(dict)
-    p2p: dict[P2PKey, dict[int, list[Entry]]] = defaultdict(dict)
     covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
     bucket = _speedups.bucket_collectives if _speedups is not None else _bucket_collectives
     named: dict[int, dict[str, Group]] = defaultdict(dict)  # rank -> group name -> the group it means there
     for (rank, name), group in job.group_of.items():
         named[rank][name] = group
+    p2p_by_rank: dict[int, list[Entry]] = {}
     for rank, dump in job.dumps.items():
-        groups_by_name = named[rank]
-        for entry in bucket(dump.entries, rank, groups_by_name, collectives, covered, _BUCKET_FIELDS):
-            if entry.p2p_local is None:
-                continue  # the closing entry of a p2p batch; its state lives on in closed_by
-            group = groups_by_name[entry.group_name]
-            src, dst = (group.global_rank(x) for x in entry.p2p_local)
-            if src is None or dst is None:
-                src, dst = entry.p2p_local  # trust the numbers rather than drop the op
-            p2p[(group, src, dst, entry.p2p_seq)].setdefault(rank, []).append(entry)
+        p2p_entries = bucket(dump.entries, rank, named[rank], collectives, covered, _BUCKET_FIELDS)
+        if p2p_entries:
+            p2p_by_rank[rank] = p2p_entries
 
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
@@ -128,15 +72,13 @@ def match_ops(job: Job) -> list[MatchedOp]:
         _find_absent(op, job, covered)
         ops.append(op)
         scans[id(op)] = (alike, pending)
-    for (group, src, dst, seq), entries in p2p.items():
-        first_time, alike, pending, created, states = _scan(entries)
+    for pair in pair_ops(job, p2p_by_rank):
+        first_time, alike, pending, created, states = _scan(pair.entries)
         op = MatchedOp(
-            group=group, kind="p2p", seq=seq, entries=entries, peers=(src, dst), first_time_ns=first_time,
+            group=pair.group, kind="p2p", seq=pair.index, entries=pair.entries, missing=pair.missing,
+            unknown=pair.unknown, peers=(pair.source, pair.destination), first_time_ns=first_time,
             created_ns=created, states=states,
         )  # fmt: skip
-        absent = [r for r in (src, dst) if r not in entries]
-        op.missing = tuple(r for r in absent if r in job.dumps)
-        op.unknown = tuple(r for r in absent if r not in job.dumps)
         ops.append(op)
         scans[id(op)] = (alike, pending)
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
@@ -246,6 +188,8 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
         span = covered.get((rank, op.group))
         if span is not None and op.seq > span[1]:
             missing.append(rank)  # it never got this far: the classic hang
+        elif dump.may_have_wrapped and span is None and _buffer_covers(dump, op.first_time_ns):
+            missing.append(rank)  # none of the group's ops in its buffer, which covers when the others issued it
         elif dump.may_have_wrapped and (span is None or op.seq < span[0]):
             unknown.append(rank)  # older than what its ring buffer still holds
         else:
@@ -253,13 +197,21 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
     op.missing, op.unknown = tuple(missing), tuple(unknown)
 
 
+def _buffer_covers(dump: RankDump, time_ns: int) -> bool:
+    """Whether a wrapped ring buffer still holds what its rank issued at ``time_ns`` (another rank's
+    clock: by more than two hosts' clocks may differ)."""
+    return bool(dump.entries) and time_ns >= dump.entries[0].time_created_ns + CLOCK_MARGIN_NS
+
+
 def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
+    """What a rank passed to an op that every member must pass alike (``arguments``): its ops, the
+    sizes their rule reads, or the dtypes they name."""
     inner = inner_entries(entries)
     if what == "op":
         return tuple(e.op for e in inner)
     if what == "size":
-        return tuple(e.input_sizes for e in inner)
-    return tuple(e.input_dtypes for e in inner)
+        return tuple(sizes_that_agree(e) for e in inner)
+    return tuple(dtypes_that_agree(e) for e in inner)
 
 
 def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = None) -> None:
@@ -274,8 +226,6 @@ def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = Non
         return
     if op.kind == "collective" and len(op.entries) > 1 and not alike:
         for what in ("op", "size", "dtype"):
-            if what == "size" and op.name not in SAME_SIZE_OPS:
-                continue
             signatures = {rank: _signature(entries, what) for rank, entries in op.entries.items()}
             counts = Counter(signatures.values())
             if len(counts) > 1:

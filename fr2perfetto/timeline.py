@@ -71,6 +71,7 @@ PREFIX = {
     INCOMPLETE: "⏳ NOT COMPLETED ",
 }
 NEVER_ISSUED = "✗ NEVER ISSUED "
+VICTIM = "⛓ VICTIM "  # a rank blocked in the op by another, or queued behind its own blocked op
 GLOO_TIMING = "not recorded: this backend records enqueue time only; the slice spans to the next op on this group"
 FINDINGS_UUID = 1
 FINDING_FLOW_BASE = 1 << 48  # flow ids of findings, far above those of ops (their op keys)
@@ -204,6 +205,9 @@ class Highlights:
     """What the diagnosis adds to the ranks' tracks: culprit labels and flows from findings to ops."""
 
     culprits: dict[int, str] = field(default_factory=dict)  # rank -> why it is to blame
+    # (rank, op key) -> a rank's part in an op it is blocked in or queued in, not being its culprit
+    roles: dict[tuple[int, int], str] = field(default_factory=dict)
+    clock_offsets: dict[int, int] = field(default_factory=dict)  # rank -> ns its clock runs ahead (subtracted)
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
@@ -274,6 +278,9 @@ def rank_timeline(
     culprit = highlights.culprits.get(rank)
     if culprit:
         labels.append(f"CULPRIT: {culprit}")
+    offset = highlights.clock_offsets.get(rank, 0)
+    if offset:
+        labels.append(f"clock {offset / 1e6:+.1f} ms: shown aligned (raw times in args)")
     if dump is None:
         labels.append("no dump")
     else:
@@ -313,7 +320,7 @@ def rank_timeline(
                 continue
             per_group_ops.setdefault(op.group, []).append(item)
     for group, items in per_group_ops.items():
-        by_group[group] = _group_slices(items, span, highlights)
+        by_group[group] = _group_slices(items, span, highlights, rank)
     for group, starts in folded.items():
         summary = Slice(
             min(starts),
@@ -324,6 +331,13 @@ def rank_timeline(
             ),
         )
         by_group.setdefault(group, []).insert(0, summary)
+    if offset:
+        # On the job's common clock (``clocks``); the args keep the times this rank recorded.
+        for slices in by_group.values():
+            for item in slices:
+                item.start -= offset
+                if item.end is not None:
+                    item.end -= offset
     tracks = [process]
     for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
         group_uuid = process_uuid + len(tracks)
@@ -347,7 +361,9 @@ def rank_timeline(
     return RankTimeline(rank, tracks)
 
 
-def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights) -> list[Slice]:
+def _group_slices(
+    items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights, rank: int
+) -> list[Slice]:
     """Slices (and markers) of one rank on one group track, in time order."""
     items.sort(key=start_on_rank)
     starts = [entries[0].time_created_ns for _, entries in items if entries]
@@ -371,14 +387,22 @@ def _group_slices(items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, hi
             continue
         issued += 1
         next_start = starts[issued] if issued < len(starts) else None
-        slices.append(_op_slice(op, entries, next_start, span.end, highlights))
+        role = highlights.roles.get((rank, op.op_key)) if highlights.roles else None
+        slices.append(_op_slice(op, entries, next_start, span.end, highlights, role))
     return slices
 
 
 def _op_slice(
-    op: MatchedOp, entries: list[Entry], next_start: int | None, end_of_trace: int, highlights: Highlights
+    op: MatchedOp,
+    entries: list[Entry],
+    next_start: int | None,
+    end_of_trace: int,
+    highlights: Highlights,
+    role: str | None = None,
 ) -> Slice:
-    """A rank's slice for ``op``; ``next_start``: when its next op on the group began (None: last)."""
+    """A rank's slice for ``op``; ``next_start``: when its next op on the group began (None: last);
+    ``role``: the rank's part in it where it is a victim (an op that never completed: never the C
+    layout's, which takes completed ones only)."""
     start = entries[0].time_created_ns
     head, last = head_entry(entries), state_entry(entries)
     if last.time_completed_ns:
@@ -395,10 +419,12 @@ def _op_slice(
             end = next_start if next_start is not None and next_start > start else start + 1_000
     if end <= start:
         end = start + 1
-    key = look_key(op, entries, head, last)
+    key: tuple[object, ...] = look_key(op, entries, head, last)
+    if role is not None:
+        key = (key, role)
     look = highlights.looks.get(key)
     if look is None:
-        look = highlights.looks[key] = op_look(op, entries, head, last, highlights)
+        look = highlights.looks[key] = op_look(op, entries, head, last, highlights, role)
     return Slice(start, end, look, head, last)
 
 
@@ -429,7 +455,9 @@ def look_key(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry) -> t
     )  # fmt: skip
 
 
-def op_look(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highlights: Highlights) -> SliceLook:
+def op_look(
+    op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highlights: Highlights, role: str | None = None
+) -> SliceLook:
     """The look of a rank's slice for ``op``: its name, the facts the op's ranks share, its flows.
 
     The caller keys it by ``look_key``, so that the ranks that issued an op alike share one look.
@@ -442,25 +470,39 @@ def op_look(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highl
         if status == MISMATCH:
             prefix = f"{prefix}({op.mismatch}) "
         name = prefix + name
+    if role is not None:
+        name = VICTIM + name
     drawn = highlights.drawn
     # An op's flow needs two drawn slices.
     shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
     flows = ((op.op_key,) if shared else ()) + tuple(highlights.finding_flows.get(op.op_key, ()))
-    args = tuple(_shared_args(op, entries, head, last, gloo))
+    args = tuple(_shared_args(op, entries, head, last, gloo)) + ((("role", role),) if role is not None else ())
     return SliceLook(name, args, flows, op.op_key if shared else None, timed=not gloo)
 
 
 def findings_tracks(
-    findings: list[Finding], span: TimeSpan, drawn: dict[int, tuple[int, int]] | None = None
+    findings: list[Finding],
+    span: TimeSpan,
+    drawn: dict[int, tuple[int, int]] | None = None,
+    roles: dict[tuple[int, int], str] | None = None,
+    clock_offsets: dict[int, int] | None = None,
 ) -> tuple[list[Track], Highlights]:
     """A ``Findings`` track above all ranks, a slice per finding, and the highlights they imply.
 
     Each finding gets its own child track (they all run to the end of the trace) and a flow to
-    every op it is about.
+    every op it is about. ``roles`` marks victims' slices; ``clock_offsets`` (rank -> ns its clock
+    runs ahead) are subtracted from its slices' times, and said so on the tracks.
     """
-    parent = Track(FINDINGS_UUID, "Findings", order=-1, description="what fr2perfetto analyze found, strongest first")
+    description = "what fr2perfetto analyze found, strongest first. Times: " + (
+        f"each rank's wall clock, aligned across hosts by the offsets estimated from completion times "
+        f"({len(clock_offsets)} ranks shifted, by {min(clock_offsets.values()) / 1e6:+.1f} to "
+        f"{max(clock_offsets.values()) / 1e6:+.1f} ms; each slice's args keep the times the rank recorded)"
+        if clock_offsets
+        else "each rank's wall clock as recorded (no clock offset to apply)"
+    )
+    parent = Track(FINDINGS_UUID, "Findings", order=-1, description=description)
     tracks = [parent]
-    highlights = Highlights(drawn=drawn)
+    highlights = Highlights(drawn=drawn, roles=roles or {}, clock_offsets=clock_offsets or {})
     for number, finding in enumerate(findings, start=1):
         flow = FINDING_FLOW_BASE + number
         start = max(span.start, (finding.time_ns or span.start) - 1)
