@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 DEMO_TRACE := build/demo.pftrace
 
-.PHONY: install install-test demo test lint proto samples bench clean
+.PHONY: install install-test demo test fuzz-verdicts lint proto samples bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: install
 test: install-test
 	$(BIN)/python -m pytest -q
 
+# 10,000 generated parallel programs, healthy and faulty: right / undecided / wrong verdicts by fault.
+fuzz-verdicts: install-test
+	$(BIN)/python tests/fuzz_verdicts.py $(FUZZ_ARGS)
+
 lint: install-test
 	$(BIN)/ruff check fr2perfetto tests samples bench
 	$(BIN)/ruff format --check fr2perfetto tests samples bench
@@ -40,8 +44,9 @@ proto: install-test
 # Re-make the bundled samples: real gloo jobs (needs torch) and NCCL-layout dumps.
 samples: install-test
 	rm -rf samples/gloo samples/nccl
-	$(BIN)/python samples/gloo_jobs.py samples/gloo healthy skip skip_subgroup deadlock size_mismatch dtype_mismatch type_mismatch order_swap
+	$(BIN)/python samples/gloo_jobs.py samples/gloo healthy skip skip_subgroup deadlock size_mismatch dtype_mismatch type_mismatch order_swap data_ops grid_3d grid_3d_skip
 	$(BIN)/python samples/nccl_layout.py samples/nccl
+	$(BIN)/python samples/nccl_sim.py samples/nccl
 
 bench: install-test
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

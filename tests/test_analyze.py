@@ -22,12 +22,16 @@ GLOO = {
     "dtype_mismatch": ("mismatch", [1], ["dtype_mismatch"], "dtypes differ in all_reduce #2"),
     "type_mismatch": ("mismatch", [2], ["type_mismatch"], "ops differ in all_reduce #2"),
     "order_swap": ("mismatch", [3], ["type_mismatch", "type_mismatch"], "ops differ in all_reduce #2"),
+    # scatter/gather to root 2 (and to each tp pair's second rank), uneven all_to_all_single, broadcast from 3
+    "data_ops": ("healthy", [], [], "every op matched"),
+    "grid_3d": ("healthy", [], [], "every op matched"),  # 2 tp x 2 pp x 2 dp
+    "grid_3d_skip": ("hang", [5], ["missing", "missing"], "rank 5 never issued all_reduce #2 of dp"),
 }
 NCCL = {
     "demo": ("hang", [5], ["missing"], "rank 5 never issued all_reduce #4 of tp"),
     "stuck": ("hang", [], ["stuck"], "stuck on every rank"),
     "send_without_recv": ("hang", [1], ["p2p"], "send 0->1 #2 has no matching recv on rank 1"),
-    "straggler": ("healthy", [6], ["straggler"], "rank 6 enqueues collectives late: 40.0 ms median"),
+    "straggler": ("healthy", [6], ["straggler"], "rank 6 enqueues late in default_pg: 40.0 ms median"),
     "missing_dump": ("hang", [3], ["no_dump"], "rank 3 left no dump and ranks 0-2 wait for it"),
     "wrap": ("hang", [1], ["missing"], "rank 1 never issued all_reduce #21"),
     "mixed_formats": ("mismatch", [2], ["size_mismatch"], "sizes differ in all_reduce #4"),
@@ -57,6 +61,19 @@ def check(folder: Path, expected: tuple[str, list[int], list[str], str]) -> dict
 @pytest.mark.parametrize("scenario", list(GLOO))
 def test_real_gloo_scenarios(gloo_job, scenario: str):
     check(gloo_job(scenario), GLOO[scenario])
+
+
+def test_real_data_ops_record_what_makes_them_look_unequal(gloo_job):
+    # What the healthy verdict above must not be fooled by: non-roots record an empty side, and
+    # the all_to_all_single sizes differ from rank to rank.
+    from fr2perfetto.job import load_job
+
+    job = load_job([str(gloo_job("data_ops"))])
+    scatters = {r: d.entries[0] for r, d in job.dumps.items()}
+    assert all(e.op == "scatter" for e in scatters.values())
+    assert [r for r, e in sorted(scatters.items()) if e.input_dtypes] == [2]  # only the root sends
+    sizes = {next(e.input_sizes for e in d.entries if e.op == "all_to_all") for d in job.dumps.values()}
+    assert len(sizes) > 1
 
 
 @pytest.mark.parametrize("scenario", list(NCCL))

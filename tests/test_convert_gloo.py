@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fr2perfetto.job import load_job
 from fr2perfetto.match import match_ops
-from fr2perfetto.timeline import FINDING_FLOW_BASE, NEVER_ISSUED, PREFIX
+from fr2perfetto.timeline import FINDING_FLOW_BASE, NEVER_ISSUED, PREFIX, VICTIM
 
 from .conftest import run_cli
 from .tracecheck import read_trace
@@ -29,11 +29,21 @@ def test_skipped_collective_is_marked_on_waiters_and_on_the_rank_that_never_issu
     tp_tracks = trace.tracks_named("tp · pg")
     assert sorted(trace.process_of(t) for t in tp_tracks) == ["rank 0", "rank 1", "rank 2", "rank 3"]
 
-    # The skipped all_reduce #4 of default_pg: marked on ranks 0, 1, 3 and a marker on rank 2.
+    # The skipped all_reduce #4 of default_pg: marked on ranks 0, 1, 3 (victims, waiting for rank 2)
+    # and a marker on rank 2.
     unmatched = [
-        (trace.process_of(u), name) for u, _, _, name, _ in trace.all_slices() if name.startswith(PREFIX["missing"])
+        (trace.process_of(u), name, args["role"])
+        for u, _, _, name, args in trace.all_slices()
+        if PREFIX["missing"] in name
     ]
-    assert sorted(unmatched) == [(f"rank {r}", PREFIX["missing"] + "all_reduce #4") for r in (0, 1, 3)]
+    assert sorted(unmatched) == [
+        (
+            f"rank {r}",
+            VICTIM + PREFIX["missing"] + "all_reduce #4",
+            "victim: blocked here, waiting for rank 2 (never issued)",
+        )
+        for r in (0, 1, 3)
+    ]
     markers = [(trace.process_of(u), name) for u, items in trace.instants.items() for _, name in items]
     assert markers == [("rank 2", NEVER_ISSUED + "all_reduce #4")]
     (marker_track,) = [u for u, items in trace.instants.items() if items]

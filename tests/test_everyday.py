@@ -116,7 +116,7 @@ def test_redacted_trace_has_no_hostnames_or_directories(gloo_job, nccl_job, tmp_
     kept = {f.name for d in job.dumps.values() for e in d.entries for f in e.frames}
     kept |= {os.path.basename(f.filename) for d in job.dumps.values() for e in d.entries for f in e.frames}
     secrets = {s for s in secrets if not any(s in k for k in kept)}
-    assert "secret-cluster-dumps" in secrets and "alice" in secrets and "site-packages" in secrets
+    assert {"secret-cluster-dumps", "site-packages", "python3.11"} <= secrets
     for name in ("r.pftrace", "r.json"):
         out = tmp_path / name
         code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "--redact", "-q")

@@ -251,7 +251,7 @@ def _lay_out(monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[list[tuple[ob
             patch.setattr(timeline, "_speedups", None)
         patch.setattr(timeline, "_op_slice", lambda *args: calls.append(1) or python_layout(*args))
         highlights, span = Highlights(), TimeSpan(NOW, NOW + 100_000)
-        slices = [s for rank in (0, 1, 2) for s in timeline._group_slices(_edge_items(rank), span, highlights)]
+        slices = [s for rank in (0, 1, 2) for s in timeline._group_slices(_edge_items(rank), span, highlights, rank)]
     shown = [(s.start, s.end, s.name, s.look.args, s.flow_ids, s.args, s.head, s.last) for s in slices]
     return shown, len(calls)
 

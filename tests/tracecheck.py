@@ -16,6 +16,7 @@ class TraceSummary:
     slices: dict[int, list[tuple[int, int, str, dict[str, object]]]] = field(default_factory=lambda: defaultdict(list))
     instants: dict[int, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     flows: Counter[int] = field(default_factory=Counter)
+    slice_flows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (track, start) -> flow ids
     sequences: set[int] = field(default_factory=set)  # trusted packet sequence ids
 
     def process_of(self, uuid: int) -> str:
@@ -105,6 +106,7 @@ def read_trace(path: str) -> TraceSummary:
                 summary.flows[flow] += 1
             if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
                 open_slices[uuid].append((packet.timestamp, name, args))
+                summary.slice_flows[(uuid, packet.timestamp)] = list(event.flow_ids)
             elif event.type == pb.TrackEvent.TYPE_INSTANT:
                 summary.instants[uuid].append((packet.timestamp, name))
     assert not any(open_slices.values()), "unbalanced slices: some never end"

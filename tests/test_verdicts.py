@@ -1,0 +1,51 @@
+"""Property tests: generated parallel programs (``programs``) get the verdict their fault calls for.
+
+Every healthy program is healthy; every program with one fault names that rank first with the right
+kind, or says it cannot tell where two ranks' dumps are symmetric; never a wrong rank. The seeds are a
+fixed range, so a failure replays with ``programs.run(seed)``; ``make fuzz-verdicts`` runs 10,000.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from . import programs
+
+SEEDS = range(600)
+
+
+@pytest.fixture(scope="module")
+def judged() -> list[tuple[programs.Scenario, str, str]]:
+    return [programs.run(seed) for seed in SEEDS]
+
+
+def test_no_verdict_is_wrong(judged):
+    wrong = [
+        f"{scenario.describe()}\n  said: {said}" for scenario, outcome, said in judged if outcome == programs.WRONG
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_healthy_programs_are_healthy_and_faults_are_named(judged):
+    outcomes: dict[str, Counter[str]] = {}
+    for scenario, outcome, _ in judged:
+        outcomes.setdefault(scenario.fault, Counter())[outcome] += 1
+    # no false alarm on a healthy job, stragglers found, and the hangs named, not just "undecided"
+    for fault in ("healthy", "late", "stop", "lost_dump", "kernel_hang", "gpu_hang"):
+        assert outcomes[fault][programs.RIGHT] == sum(outcomes[fault].values()), fault
+    assert outcomes["skip"][programs.RIGHT] >= 0.7 * sum(outcomes["skip"].values())
+
+
+def test_the_programs_cover_what_large_jobs_do(judged):
+    scenarios = [scenario for scenario, _, _ in judged]
+    assert len(scenarios) >= 500
+    assert min(Counter(s.fault for s in scenarios).values()) >= 30
+    assert sum(1 for s in scenarios if s.train.grid.pp >= 2 and s.train.batched_p2p) >= 100
+    assert sum(1 for s in scenarios if s.train.chunks == 2) >= 50  # interleaved pipelines
+    assert sum(1 for s in scenarios if s.options.clock_offset and s.fault != "healthy") >= 200
+    assert sum(1 for s in scenarios if s.wrap is not None) >= 100  # ring buffers that drop history
+    assert sum(1 for s in scenarios if s.train.moe) >= 50 and sum(1 for s in scenarios if s.train.data_ops) >= 50
+    assert sum(1 for s in scenarios if s.options.legacy_batch_seq) >= 20
+    assert sum(1 for s in scenarios if not s.options.timing) >= 100
