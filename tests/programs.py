@@ -16,7 +16,8 @@ Faults, and what a right verdict says:
   Undecided (not wrong) where two ranks each issued the other's op second and nothing else in the
   dumps says which order is the program's: a deadlock that names both and says it cannot tell.
 - ``size``, ``dtype``, ``op``: a rank passes another size, dtype or op: that mismatch, that rank (with
-  three members or more; with two, undecided).
+  three members or more; with two, nobody can tell which side is wrong: undecided, of that mismatch,
+  is the right verdict).
 - ``kernel_hang``: a compute kernel of one rank never finishes: with timing on, that rank, whose next
   kernel never started (not_started); without, a hang nobody can be blamed for (stuck, or undecided).
 - ``gpu_hang``: one collective never completes on any member: stuck, nobody to blame.
@@ -297,15 +298,18 @@ def judge(scenario: Scenario, analysis: Analysis) -> tuple[str, str]:
             return outcome(first and top_kind == "not_started")
         # without start events nothing tells a hung kernel from a queued one: nobody may be blamed
         return outcome(verdict.status in ("hang", "undecided") and not verdict.culprit_ranks)
+    two_members = scenario.group is not None and len(scenario.job.groups[scenario.group][1]) == 2
+    if fault in MISMATCH_FAULTS and two_members:
+        # which of two members is wrong nobody can tell: saying so, of that mismatch, is the right verdict
+        return outcome(
+            verdict.status == "undecided" and not verdict.culprit_ranks and top_kind == MISMATCH_FAULTS[fault]
+        )
     if verdict.status == "undecided" and not verdict.culprit_ranks:
         return outcome(False, undecided=True)  # says it cannot tell: no rank is wrongly blamed
     if fault in ("stop", "lost_dump"):
         expected = {"no_dump"} if fault == "lost_dump" else {"missing", "p2p"}
         return outcome(first and top_kind in expected)
-    two_members = scenario.group is not None and len(scenario.job.groups[scenario.group][1]) == 2
     if fault in MISMATCH_FAULTS:
-        if two_members:  # which of two is wrong cannot be told: it must say so, which it did above
-            return outcome(False)
         return outcome(first and top_kind == MISMATCH_FAULTS[fault])
     if fault == "skip":
         # A rank that skipped an op may be seen first where its stream stalls: its kernel never started.
