@@ -3,26 +3,51 @@
     from fr2perfetto import capture
     capture.configure("/shared/fr_dumps")      # before init_process_group
     dist.init_process_group(...)
-    capture.install()                          # dump on an exception, on SIGUSR1 and at exit
+    capture.install()                          # dump on request, on an exception, when stopped, at exit
 
 Every rank then writes ``<folder>/<prefix><rank>`` (``nccl_trace_rank_`` on GPUs, ``gloo_trace_rank_``
-otherwise), which ``fr2perfetto convert <folder>`` reads as is. The only module of fr2perfetto that needs
-torch, and it imports torch only when called.
+otherwise), which ``fr2perfetto convert <folder>`` reads as is, and beside it ``<file>.ended``: how the
+process ended (``exit``, ``exception: ...``, ``signal SIGTERM``), or ``running`` for a dump taken on
+request. The only module of fr2perfetto that needs torch, and it imports torch only when called.
+
+When dumps are written:
+
+- On request (``kill -USR1 <pid>``), served by a thread of its own: a rank blocked in a collective
+  (the very case a dump is asked for) never runs Python code in its main thread, where signal handlers
+  run, until the collective returns. Python's C-level handler, which runs in whatever thread the
+  signal lands on, writes the signal's number to a wakeup pipe (``signal.set_wakeup_fd``), and the
+  thread reads it and dumps.
+- At exit, always, over any dump taken on request: a job that finished is not a hung one.
+- On an exception that ends the script (``sys.excepthook``), and ``destroy_process_group`` is wrapped
+  to dump before the group is gone (after it, nothing is left to dump).
+- When stopped by SIGTERM or SIGHUP. torchrun, when one rank fails, sends SIGTERM to the others (and
+  SIGKILL some seconds later): each of them dumps on the SIGTERM. A rank that dies of an exception also
+  asks every rank it can reach to dump at once: ranks on its host by SIGUSR1 (each rank leaves its pid in
+  the folder), NCCL ranks anywhere through their debug pipes (``fr2perfetto trigger``).
+
+Handlers that were installed before are kept and called after the dump.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import select
 import signal
+import socket
 import sys
 import threading
-from types import TracebackType
+from collections.abc import Callable
+from types import FrameType, TracebackType
 from typing import Any
 
-from .trigger import PIPE_PREFIX
+from .trigger import PIPE_PREFIX, trigger_dumps
 
-_state: dict[str, Any] = {"folder": None, "installed": False, "dumped": False}
+PID_PREFIX = "fr_pid_rank_"
+WARM_UP_SECONDS = 0.5  # while no request comes, a warm-up dump is tried this often until one held entries
+WARM_DUMP_BYTES = 400  # a dump with no entry is smaller than this
+_state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None}
 _lock = threading.Lock()
 
 
@@ -52,62 +77,203 @@ def configure(folder: str, *, buffer_size: int = 2000, timing: bool = False, sta
         os.environ.setdefault(key, value)
 
 
-def dump(folder: str | None = None, *, reason: str = "") -> str | None:
-    """Write this rank's Flight Recorder buffer now; return the file, or None if there is nothing to dump."""
+def _folder(folder: str | None = None) -> str:
+    return folder or _state["folder"] or os.environ.get("FR2PERFETTO_DUMP_DIR") or "."
+
+
+def dump(folder: str | None = None, *, reason: str = "", ended: str = "running") -> str | None:
+    """Write this rank's Flight Recorder buffer now; return the file, or None if there is nothing to dump.
+
+    ``ended`` goes into ``<file>.ended``: how the process ended, or ``running``."""
     import torch
     import torch.distributed as dist
 
-    folder = folder or _state["folder"] or os.environ.get("FR2PERFETTO_DUMP_DIR") or "."
+    folder = _folder(folder)
     if not dist.is_available() or not dist.is_initialized():
         return None
     c10d = torch._C._distributed_c10d
     rank = dist.get_rank()
-    if torch.cuda.is_available() and hasattr(c10d, "_dump_nccl_trace"):
+    # by the backend, not torch.cuda.is_available(): its first call takes a second or more
+    if "nccl" in str(dist.get_backend()).lower() and hasattr(c10d, "_dump_nccl_trace"):
         data, name = c10d._dump_nccl_trace(), f"nccl_trace_rank_{rank}"
     else:
         data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
-    partial = f"{path}.partial"
-    with open(partial, "wb") as out:
-        out.write(data)
-    os.replace(partial, path)  # a reader never sees half a dump
+    with _lock:  # the request thread and the main thread may dump at once
+        if ended == "running" and _state.get("ended"):
+            return path  # a request served late never overwrites the dump of how the process ended
+        _write_atomically(path, data)
+        _write_atomically(f"{path}.ended", f"{ended}\n".encode())
+        if ended != "running":
+            _state["ended"] = ended
     if reason:
         print(f"fr2perfetto: rank {rank} dumped its Flight Recorder to {path} ({reason})", file=sys.stderr)
     return path
 
 
-def _dump_once(reason: str) -> None:
-    with _lock:
-        if _state["dumped"]:
-            return
-        _state["dumped"] = True
+def _write_atomically(path: str, data: bytes) -> None:
+    partial = f"{path}.partial"
+    with open(partial, "wb") as out:
+        out.write(data)
+    os.replace(partial, path)  # a reader never sees half a dump
+
+
+def _try_dump(reason: str, ended: str = "running") -> None:
     try:
-        dump(reason=reason)
+        dump(reason=reason, ended=ended)
     except Exception as error:  # dumping must never hide the original failure
         print(f"fr2perfetto: could not dump the Flight Recorder: {error}", file=sys.stderr)
 
 
-def install(*, on_exception: bool = True, on_signal: int | None = signal.SIGUSR1, on_exit: bool = True) -> None:
-    """Dump this rank's buffer when the script dies of an exception, gets ``on_signal``, or exits."""
+def install(
+    *,
+    on_exception: bool = True,
+    on_signal: int | None = signal.SIGUSR1,
+    on_exit: bool = True,
+    on_stop: bool = True,
+    wake_others: bool = True,
+) -> None:
+    """Dump this rank's buffer on ``on_signal`` (from a thread, even while the main thread is blocked),
+    when the script dies of an exception (and ask the other ranks to dump: ``wake_others``), when it is
+    stopped by SIGTERM or SIGHUP (``on_stop``), before ``destroy_process_group``, and at exit."""
     if _state["installed"]:
         return
     _state["installed"] = True
+    if on_signal is not None:
+        _serve_requests(on_signal)
+        if wake_others:
+            _leave_pid()
     if on_exception:
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-            _dump_once(f"{kind.__name__}: {value}"[:200])
+            what = f"{kind.__name__}: {value}"[:200]
+            _try_dump(what, ended=f"exception: {what}")
+            if wake_others:
+                _wake_others()
             previous(kind, value, tb)
 
         sys.excepthook = hook
-    if on_signal is not None:
-
-        def on_signal_received(signum: int, frame: object) -> None:
-            with _lock:
-                _state["dumped"] = False  # a signal asks for a fresh dump each time
-            _dump_once(f"signal {signal.Signals(signum).name}")
-
-        signal.signal(on_signal, on_signal_received)
+    if on_stop:
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            _chain(stop, lambda signum: _try_dump(f"signal {signal.Signals(signum).name}",
+                                                  ended=f"signal {signal.Signals(signum).name}"))  # fmt: skip
+    _wrap_destroy()
     if on_exit:
-        atexit.register(_dump_once, "exit")
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    if not _state.get("ended"):  # an exception, a signal or destroy_process_group dumped already
+        _try_dump("exit", ended="exit")
+
+
+def _chain(signum: int, action: Callable[[int], None]) -> None:
+    """Run ``action`` on ``signum``, then what was there before (the default action included)."""
+    previous = signal.getsignal(signum)
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        action(number)
+        if callable(previous):
+            previous(number, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)  # the default: end the process, as before
+            os.kill(os.getpid(), number)
+
+    signal.signal(signum, handler)
+
+
+def _serve_requests(signum: int) -> None:
+    """Dump on ``signum`` from a thread: the signal's number arrives through the wakeup pipe, which
+    Python's C-level handler writes to in whatever thread the signal lands on."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    previous = signal.getsignal(signum)
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        # Runs later, in the main thread, when it runs Python again: the thread has dumped already.
+        if callable(previous):
+            previous(number, frame)
+
+    signal.signal(signum, handler)
+    _state["request_signal"] = signum
+
+    def serve() -> None:
+        warm = False
+        while True:
+            if not warm and not select.select([read_end], [], [], WARM_UP_SECONDS)[0]:
+                warm = _warm_up()
+                continue
+            try:
+                numbers = os.read(read_end, 512)
+            except OSError:
+                return
+            if not numbers:
+                return
+            if previous_fd >= 0:  # whoever had the wakeup fd before (asyncio) still gets its bytes
+                with contextlib.suppress(OSError):
+                    os.write(previous_fd, numbers)
+            if signum in numbers:
+                _try_dump(f"signal {signal.Signals(signum).name}")
+
+    threading.Thread(target=serve, name="fr2perfetto-dump-requests", daemon=True).start()
+
+
+def _warm_up() -> bool:
+    """Take a dump and throw it away: a process's first dump of recorded entries takes a second or two
+    (the recorder symbolizes stacks for the first time), and a request must be served at once. True
+    once a dump held entries."""
+    try:
+        import torch
+
+        return len(torch._C._distributed_c10d._dump_fr_trace()) > WARM_DUMP_BYTES
+    except Exception:
+        return True  # nothing to warm up: do not try again
+
+
+def _wrap_destroy() -> None:
+    """Dump before ``destroy_process_group`` (of the default group): after it nothing is left to dump."""
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+    if getattr(original, "_fr2perfetto", False):
+        return
+
+    def destroy_process_group(group: Any = None) -> Any:
+        if group is None:
+            _try_dump("destroy_process_group", ended="exit")
+        return original(group)
+
+    destroy_process_group._fr2perfetto = True  # type: ignore[attr-defined]
+    dist.destroy_process_group = destroy_process_group
+
+
+def _leave_pid() -> None:
+    """Leave ``<folder>/fr_pid_rank_<rank>`` (host and pid), so that a failing rank can wake this one."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    with contextlib.suppress(OSError):
+        path = os.path.join(_folder(), f"{PID_PREFIX}{dist.get_rank()}")
+        _write_atomically(path, f"{socket.gethostname()} {os.getpid()}\n".encode())
+
+
+def _wake_others() -> None:
+    """Ask every rank within reach to dump now: those on this host by their request signal, NCCL ranks
+    anywhere through their debug pipes."""
+    folder, signum = _folder(), _state.get("request_signal")
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if not name.startswith(PID_PREFIX) or signum is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(folder, name)) as left:
+                    their_host, pid = left.read().split()
+                if their_host == host and int(pid) != os.getpid():
+                    os.kill(int(pid), signum)
+    with contextlib.suppress(OSError):
+        trigger_dumps(folder)

@@ -5,8 +5,10 @@ Every error a user can cause ends in a one-line message and a non-zero exit code
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,19 +18,20 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
-from . import __version__
-from .convert import analyse, write_trace
+from . import __version__, cleanup
+from .convert import STDOUT, analyse, refuse_output, write_trace
 from .diagnose import HEALTHY
 from .fold import parse_ranks, plan_view
 from .gcpause import gc_paused
 from .job import Job, load_job
 from .model import ranks_label
-from .redact import redact_job
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
 from .serve import UI_PORT, serve_once
 from .speedups import SPEEDUPS
+from .text import safe_text
 from .trigger import trigger_dumps
 
 app = typer.Typer(
@@ -38,8 +41,18 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No console markup: what is printed holds text from dumps (group names, paths), which must print as is.
+out = Console(highlight=False, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def _error(message: str) -> None:
+    err.print(Text.assemble(("error", "bold red"), ": ", safe_text(message)))
+
+
+def _warning(message: str) -> None:
+    err.print(Text.assemble(("warning", "yellow"), ": ", safe_text(message)))
+
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -61,32 +74,51 @@ Inputs = Annotated[
 Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that read dumps in parallel (default: all cores).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors (and the report with --json).")]
 Redact = Annotated[
-    bool, typer.Option("--redact", help="Replace hostnames and directories with placeholders, to share publicly.")
+    bool,
+    typer.Option(
+        "--redact",
+        help="Replace every name from the dumps that is not PyTorch's own (hosts, directories, group names, "
+        "threads, the script's functions and files) with placeholders, to share publicly.",
+    ),
+]
+KeepNames = Annotated[
+    bool, typer.Option("--keep-names", help="With --redact: keep the training script's function and file names.")
+]
+MaxDumpSize = Annotated[
+    float, typer.Option("--max-dump-size", min=0.001, help="Refuse, unread, dump files over this many MB.")
 ]
 
 
-def _load(inputs: list[str], jobs: int, quiet: bool, redact: bool = False) -> Job:
+def _load(
+    inputs: list[str],
+    jobs: int,
+    quiet: bool,
+    redact: bool = False,
+    max_dump_mb: float = 1024,
+    keep_names: bool = False,
+) -> Job:
     """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
     workers = jobs or (os.cpu_count() or 1)
+    limit = int(max_dump_mb * 2**20)
+    options = {"jobs": workers, "max_dump_bytes": limit, "redact": redact, "keep_names": keep_names}
     if quiet or not err.is_terminal:
-        job = load_job(inputs, jobs=workers)
+        job = load_job(inputs, **options)  # type: ignore[arg-type]
     else:
         with Progress(
             TextColumn("reading dumps"), BarColumn(), MofNCompleteColumn(), console=err, transient=True
         ) as bar:
             task = bar.add_task("read", total=None)
             job = load_job(
-                inputs, jobs=workers, progress=lambda done, total: bar.update(task, completed=done, total=total)
+                inputs,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+                **options,  # type: ignore[arg-type]
             )
-    if redact:
-        redact_job(job)
     for problem in job.problems:
         if quiet and not problem.fatal:
             continue
-        level = "error" if problem.fatal else "warning"
-        err.print(f"[bold red]{level}[/]: {problem}" if problem.fatal else f"[yellow]{level}[/]: {problem}")
+        (_error if problem.fatal else _warning)(str(problem))
     if not job.dumps:
-        err.print("[bold red]error[/]: no dump could be read from " + ", ".join(inputs))
+        _error("no dump could be read from " + ("the inputs" if redact else ", ".join(inputs)))
         raise typer.Exit(EXIT_UNUSABLE)
     return job
 
@@ -97,7 +129,9 @@ def _load(inputs: list[str], jobs: int, quiet: bool, redact: bool = False) -> Jo
 )
 def convert(
     inputs: Inputs,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write.")] = Path("trace.pftrace"),
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Trace file to write (- for standard output, in Perfetto's format).")
+    ] = Path("trace.pftrace"),
     full: Annotated[bool, typer.Option("--full", help="Write every op of every rank, however large.")] = False,
     ranks: Annotated[
         str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0-7,85 (never folded).", show_default=False)
@@ -117,8 +151,10 @@ def convert(
     open_ui: Annotated[bool, typer.Option("--open", help="Open the trace in ui.perfetto.dev when written.")] = False,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Local port for --open.")] = UI_PORT,
     redact: Redact = False,
+    keep_names: KeepNames = False,
     jobs: Jobs = 0,
     quiet: Quiet = False,
+    max_dump_mb: MaxDumpSize = 1024,
 ) -> None:
     """Write one Perfetto trace of every rank: a process per rank, a track per process group.
 
@@ -128,10 +164,19 @@ def convert(
     try:
         chosen_ranks = parse_ranks(ranks) if ranks is not None else None
     except ValueError as error:
-        err.print(f"[bold red]error[/]: --ranks: {error}")
+        _error(f"--ranks: {error}")
         raise typer.Exit(EXIT_UNUSABLE) from None
+    refused = refuse_output(str(output), inputs)
+    if refused:
+        _error(f"{output}: {refused}")
+        raise typer.Exit(EXIT_UNUSABLE)
+    to_stdout = str(output) == STDOUT
+    if to_stdout and open_ui:
+        _error("--open needs a trace file, not standard output (-o -)")
+        raise typer.Exit(EXIT_UNUSABLE)
+    quiet = quiet or to_stdout
     with gc_paused():
-        job = _load(inputs, jobs, quiet, redact)
+        job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
         view = plan_view(
@@ -141,13 +186,13 @@ def convert(
         try:
             stats = write_trace(analysis, str(output), view, jobs=jobs or (os.cpu_count() or 1))
         except OSError as error:
-            err.print(f"[bold red]error[/]: {output}: cannot write the trace ({error.strerror or error})")
+            _error(f"{output}: cannot write the trace ({error.strerror or error})")
             raise typer.Exit(EXIT_UNUSABLE) from None
     if not quiet:
         size = os.path.getsize(output)
         verdict = analysis.diagnosis.verdict
         out.print(
-            f"Wrote [bold]{output}[/] ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
+            f"Wrote {output} ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
             f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, "
             f"{stats.markers} markers, "
             f"{len(analysis.diagnosis.findings)} findings."
@@ -175,7 +220,7 @@ def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
     try:
         fetched = serve_once(path, port=port, announce=announce)
     except OSError as error:
-        err.print(f"[bold red]error[/]: cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
+        _error(f"cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
     if not quiet:
         out.print("The UI fetched the trace; server stopped." if fetched else "Stopped.")
@@ -191,16 +236,22 @@ def open_command(
 ) -> None:
     """Open a trace in ui.perfetto.dev: serve it once from 127.0.0.1 and open the browser at it."""
     if not trace.is_file():
-        err.print(f"[bold red]error[/]: {trace}: no such file")
+        _error(f"{trace}: no such file")
         raise typer.Exit(EXIT_UNUSABLE)
     _open(str(trace), quiet, port)
 
 
 @app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
-def info(inputs: Inputs, jobs: Jobs = 0) -> None:
+def info(
+    inputs: Inputs,
+    jobs: Jobs = 0,
+    max_dump_mb: MaxDumpSize = 1024,
+    redact: Redact = False,
+    keep_names: KeepNames = False,
+) -> None:
     """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges."""
     with gc_paused():
-        job = _load(inputs, jobs, True)
+        job = _load(inputs, jobs, True, redact, max_dump_mb, keep_names)
         _keep_until_exit(job)
     all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
     day = _clock(min(all_times))[:10] if all_times else ""
@@ -214,7 +265,7 @@ def info(inputs: Inputs, jobs: Jobs = 0) -> None:
         dump = job.dumps.get(rank)
         host = [dump.host or "" if dump else ""] if with_hosts else []
         if dump is None:
-            ranks.add_row(str(rank), *host, "[red]no dump[/]", "", "", "", "", "", "")
+            ranks.add_row(str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", "")
             continue
         backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
         times = [e.time_created_ns for e in dump.entries]
@@ -249,11 +300,12 @@ def trigger(
     ],
 ) -> None:
     """Ask running NCCL ranks to dump now, through the debug pipes PyTorch made in FOLDER."""
-    written = trigger_dumps(str(folder))
+    problems: list[str] = []
+    written = trigger_dumps(str(folder), problems)
+    for problem in problems:
+        _warning(problem)
     if not written:
-        err.print(
-            f"[bold red]error[/]: {folder}: no rank's debug pipe is open there (is the job running with capture?)"
-        )
+        _error(f"{folder}: no rank's debug pipe is open there (is the job running with capture?)")
         raise typer.Exit(EXIT_UNUSABLE)
     out.print(f"Asked {len(written)} ranks to dump into {folder}.")
 
@@ -268,12 +320,14 @@ def analyze(
         bool, typer.Option("--json", help="Print the report as JSON (schema: proto/) and nothing else.")
     ] = False,
     redact: Redact = False,
+    keep_names: KeepNames = False,
     jobs: Jobs = 0,
     quiet: Quiet = False,
+    max_dump_mb: MaxDumpSize = 1024,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
     with gc_paused():
-        job = _load(inputs, jobs, quiet or as_json, redact)
+        job = _load(inputs, jobs, quiet or as_json, redact, max_dump_mb, keep_names)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
     diagnosis = analysis.diagnosis
@@ -311,6 +365,17 @@ def _root(
     """fr2perfetto: Flight Recorder dumps to Perfetto traces and a verdict."""
 
 
+def _stopped(signum: int, _frame: object) -> None:
+    """SIGTERM (Slurm, ``timeout``), SIGHUP or Ctrl-C: remove partial files, kill the workers, and end
+    at once (a signal can land where an exception would be ignored, so nothing waits for unwinding)."""
+    cleanup.abandon()
+    with contextlib.suppress(Exception):
+        message = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    os._exit(128 + signum)
+
+
 def main() -> None:
     """Entry point of the console script; turns Ctrl-C into a one-line message.
 
@@ -322,6 +387,8 @@ def main() -> None:
     global _kept_until_exit
     gc.disable()
     _kept_until_exit = []
+    for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(stop, _stopped)
     try:
         app()
         code: int | str | None = 0

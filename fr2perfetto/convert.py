@@ -9,21 +9,24 @@ import itertools
 import multiprocessing
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import IO
 
+from .cleanup import partial_path
 from .diagnose import Diagnosis, diagnose
+from .files import expand_inputs
 from .fold import View, full_view
 from .gcpause import gc_paused
 from .job import Job
 from .match import match_ops
 from .model import OK, Entry, MatchedOp
 from .output import atomic_output
+from .pools import process_pool
 from .renderers.chrome_json import ChromeJsonWriter
 from .renderers.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
 from .timeline import (
@@ -77,7 +80,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets)
     scene = _Scene(job, index, span, highlights, view)
     as_json = output_format(path) == "json"
-    with atomic_output(path) as raw, _maybe_gzip(raw, path) as out:
+    with _destination(path) as raw, _maybe_gzip(raw, path) as out:
         writer = ChromeJsonWriter(out) if as_json else PerfettoWriter(out)
         problem_times = [op.first_time_ns for op in ops if op.status != OK]
         if problem_times:
@@ -87,7 +90,8 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
         if as_json or not _can_fork(jobs, len(view.processes)):
             _write_ranks(writer, scene, view.processes)
         else:
-            _write_ranks_in_parallel(writer, out, scene, jobs, os.path.dirname(os.path.abspath(path)))
+            folder = tempfile.gettempdir() if path == STDOUT else os.path.dirname(os.path.abspath(path))
+            _write_ranks_in_parallel(writer, out, scene, jobs, folder)
         writer.finish()
     return writer.stats
 
@@ -143,14 +147,14 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
     # One part per worker, of about equal work: each part costs a fork's copied pages and its own looks.
     count = min(jobs, len(processes) // MIN_PROCESSES_PER_WORKER)
     bounds = even_bounds([len(scene.index.get(rank, ())) + 1 for rank, _ in processes], count)
-    with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch:
+    with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch, partial_path(scratch):
         tasks = [
             (processes[bounds[i] : bounds[i + 1]], SEQUENCE_ID + 1 + i, os.path.join(scratch, f"part{i}"))
             for i in range(count)
         ]
         _forked_scene = scene
         try:
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            with process_pool(jobs, multiprocessing.get_context("fork")) as pool:
                 for (_, _, part_path), stats in zip(tasks, pool.map(_write_part, tasks), strict=True):
                     writer.stats.add(stats)
                     with open(part_path, "rb") as part:
@@ -172,6 +176,42 @@ def even_bounds(weights: list[int], count: int) -> list[int]:
         cut = bisect.bisect_left(cumulative, total * part / count) + 1
         bounds.append(min(max(cut, bounds[-1] + 1), len(weights) - (count - part)))
     return [*bounds, len(weights)]
+
+
+STDOUT = "-"  # the output path that means standard output
+
+
+@contextlib.contextmanager
+def _destination(path: str) -> Iterator[IO[bytes]]:
+    """Standard output for ``-``; else a file written atomically."""
+    if path == STDOUT:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with atomic_output(path) as out:
+        yield out
+
+
+def refuse_output(path: str, inputs: list[str]) -> str | None:
+    """Why ``path`` must not be written (one line), or None: it must never replace evidence, so not one
+    of the ``inputs``' files, and nothing but a regular file (not a symlink, a pipe, a device, a
+    folder), which writing a temporary file and renaming it over would replace."""
+    if path == STDOUT:
+        return "refusing to write a binary trace to a terminal" if sys.stdout.isatty() else None
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"cannot check it ({error.strerror or error})"
+    if not stat.S_ISREG(status.st_mode):
+        return "exists and is not a regular file (a symlink, pipe, device or folder): refusing to replace it"
+    files, _ = expand_inputs(inputs)
+    for name in files:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(name, path):
+                return "is one of the input dumps: refusing to overwrite it"
+    return None
 
 
 def output_format(path: str) -> str:

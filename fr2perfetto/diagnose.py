@@ -414,31 +414,67 @@ def rule_p2p(context: _Context) -> list[Finding]:
 
 
 def rule_no_dump(context: _Context) -> list[Finding]:
-    """Members that left no file; when the others wait for them, they are the culprits."""
+    """Members that left no file: those the others wait for, one finding per op they are waited for in
+    (the culprits, when nothing else blocks the waiters); and one finding for all that nobody waits for.
+    As many findings as ops, never one per rank: a group may list thousands of ranks."""
     evidence, blame = context.evidence, context.blame
-    findings = []
+    waiting_for: dict[int, list[int]] = defaultdict(list)  # dumpless rank -> ranks waiting for it
+    for rank, wait in evidence.waits.items():
+        for other in wait.on:
+            waiting_for[other].append(rank)
+    by_op: dict[int, tuple[MatchedOp, list[int], set[int]]] = {}  # op key -> (op, dumpless, waiting)
+    idle: list[int] = []
     for rank in evidence.job.missing_ranks:
-        waiting = sorted(r for r, wait in evidence.waits.items() if rank in wait.on)
-        groups = [g for g in evidence.job.groups if rank in g.members]
-        lines = [f"rank {rank} is a member of {len(groups)} group(s) but no dump of it was read."]
-        blocking = [evidence.waits[r].op for r in waiting]
-        if waiting:
-            first = min(blocking, key=lambda o: o.first_time_ns)
-            lines.append(f"{ranks_text(waiting)} have not completed {where(first)}, which rank {rank} is a member of.")
-        to_blame = bool(waiting) and rank in blame.culprits
+        waiting = waiting_for.get(rank)
+        if not waiting:
+            idle.append(rank)
+            continue
+        first = min((evidence.waits[r].op for r in waiting), key=lambda o: o.first_time_ns)
+        _, dumpless, waiters = by_op.setdefault(first.op_key, (first, [], set()))
+        dumpless.append(rank)
+        waiters.update(waiting)
+    findings = []
+    for op, dumpless, waiters in by_op.values():
+        waiting = sorted(waiters)
+        lines = [
+            f"{ranks_text(dumpless)} {'is a member' if len(dumpless) == 1 else 'are members'} of {where(op)} "
+            "but no dump of it was read.",
+            f"{ranks_text(waiting)} have not completed {where(op)}, which "
+            f"{'it is a member' if len(dumpless) == 1 else 'they are members'} of.",
+        ]
+        culprits = tuple(r for r in dumpless if r in blame.culprits)
         findings.append(
             Finding(
                 kind=KIND_NO_DUMP,
-                group=blocking[0].group if waiting else (groups[0] if groups else None),
-                seq=blocking[0].seq if waiting else 0,
-                op=blocking[0].name if waiting else "",
-                ranks=(rank, *waiting),
-                culprit_ranks=(rank,) if to_blame else (),
+                group=op.group,
+                seq=op.seq,
+                op=op.name,
+                ranks=(*dumpless, *waiting),
+                culprit_ranks=culprits,
                 evidence=lines,
-                summary=f"rank {rank} left no dump"
-                + (f" and {verb(waiting, 'waits', 'wait')} for it" if waiting else ""),
-                time_ns=blocking[0].first_time_ns if waiting else 0,
-                op_keys=tuple(dict.fromkeys(o.op_key for o in blocking)),
+                summary=f"{ranks_text(dumpless)} left no dump and {verb(waiting, 'waits', 'wait')} for "
+                + ("it" if len(dumpless) == 1 else "them"),
+                time_ns=op.first_time_ns,
+                op_keys=(op.op_key,),
+            )
+        )
+    if idle:
+        groups = [g for g in evidence.job.groups if any(r in g.members for r in idle[:1])]
+        member = "is a member" if len(idle) == 1 else "are members"
+        findings.append(
+            Finding(
+                kind=KIND_NO_DUMP,
+                group=groups[0] if groups else None,
+                seq=0,
+                op="",
+                ranks=tuple(idle),
+                culprit_ranks=(),
+                evidence=[
+                    f"{ranks_text(idle)} {member} of the job's groups but no dump of them was read; "
+                    "no rank waits for them."
+                ],
+                summary=f"{ranks_text(idle)} left no dump",
+                time_ns=0,
             )
         )
     return findings

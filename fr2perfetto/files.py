@@ -10,7 +10,7 @@ from dataclasses import dataclass
 _SUFFIXES = (".json", ".pkl", ".pickle", ".pt")
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 # Files that sit beside dumps and are never dumps themselves.
-_IGNORED = re.compile(r"(^\.|\.(pftrace|gz|md|txt|log|py|sh|tmp|partial|pipe)$)")
+_IGNORED = re.compile(r"(^\.|^fr_(pid|pipe)_rank_|\.(pftrace|gz|md|txt|log|py|sh|tmp|partial|pipe|ended)$)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 from typing import TypeVar
 
 from .files import expand_inputs
 from .gcpause import gc_paused
 from .model import Entry, Group, LoadProblem, RankDump, group_counts, ranks_label
-from .reader import DumpError, read_dump, read_dump_rows
+from .pools import process_pool
+from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
+from .redact import redact_dumps
 from .speedups import SPEEDUPS as _speedups
 
 
@@ -62,8 +64,8 @@ class Job:
 _Read = TypeVar("_Read")
 
 
-def _read_one(path: str) -> RankDump | LoadProblem:
-    return _problem_or(read_dump, path)
+def _read_one(path: str, max_bytes: int = MAX_DUMP_BYTES) -> RankDump | LoadProblem:
+    return _problem_or(partial(read_dump, max_bytes=max_bytes), path)
 
 
 def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
@@ -82,9 +84,9 @@ def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
 Packed = tuple[RankDump, list[tuple[object, ...]]]
 
 
-def _read_packed(path: str) -> Packed | LoadProblem:
+def _read_packed(path: str, max_bytes: int = MAX_DUMP_BYTES) -> Packed | LoadProblem:
     """In a reading process: read one dump, its entries as columns."""
-    result = _problem_or(read_dump_rows, path)
+    result = _problem_or(partial(read_dump_rows, max_bytes=max_bytes), path)
     if isinstance(result, LoadProblem):
         return result
     dump, rows = result
@@ -138,12 +140,16 @@ def _shared(value: object, canonical: dict[object, object]) -> object:
 
 
 def read_files(
-    paths: list[str], jobs: int = 1, progress: Callable[[int], None] | None = None
+    paths: list[str],
+    jobs: int = 1,
+    progress: Callable[[int], None] | None = None,
+    max_bytes: int = MAX_DUMP_BYTES,
 ) -> Iterable[RankDump | LoadProblem]:
-    """Read each file into a dump or a problem, in the order given, over ``jobs`` processes."""
+    """Read each file into a dump or a problem, in the order given, over ``jobs`` processes; files over
+    ``max_bytes`` are refused unread."""
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            result = _read_one(path)
+            result = _read_one(path, max_bytes)
             if progress:
                 progress(1)
             yield result
@@ -151,21 +157,31 @@ def read_files(
     done = 0
     canonical: dict[object, object] = {}
     try:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for packed in pool.map(_read_packed, paths, chunksize=max(1, min(16, len(paths) // (jobs * 8)))):
+        with process_pool(jobs) as pool:
+            chunks = max(1, min(16, len(paths) // (jobs * 8)))
+            for packed in pool.map(partial(_read_packed, max_bytes=max_bytes), paths, chunksize=chunks):
                 done += 1
                 if progress:
                     progress(1)
                 yield _unpack(packed, canonical)
     except BrokenProcessPool:
         # A reading process died (the system ran out of memory, or it was killed): read the rest here.
-        yield from read_files(paths[done:], 1, progress)
+        yield from read_files(paths[done:], 1, progress, max_bytes)
 
 
-def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> Job:
+def load_job(
+    inputs: list[str],
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_dump_bytes: int = MAX_DUMP_BYTES,
+    redact: bool = False,
+    keep_names: bool = False,
+) -> Job:
     """Read all dumps named by ``inputs`` (directories, files, globs) into a ``Job``.
 
-    ``progress(done, total)`` is called as files are read.
+    ``progress(done, total)`` is called as files are read; files over ``max_dump_bytes`` are refused.
+    ``redact``: every string of the dumps that is not PyTorch's own becomes a placeholder before
+    anything is made from them (``redact``; ``keep_names`` keeps the script's function and file names).
     """
     paths, unmatched = expand_inputs(inputs)
     done = 0
@@ -178,7 +194,8 @@ def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int
 
     problems = [LoadProblem(item, "no such file or directory, or no dump in it") for item in unmatched]
     dumps: dict[int, RankDump] = {}
-    for result in read_files(paths, jobs if jobs is not None else (os.cpu_count() or 1), advance):
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    for result in read_files(paths, workers, advance, max_dump_bytes):
         if isinstance(result, LoadProblem):
             problems.append(result)
             continue
@@ -196,21 +213,28 @@ def load_job(inputs: list[str], jobs: int | None = None, progress: Callable[[int
                 )
             )
         dumps[result.rank] = result
+    if redact:
+        problems = redact_dumps(dumps, problems, keep_names)
     return build_job(dumps, problems)
 
 
 def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = None) -> Job:
     """Make a ``Job`` from dumps already read."""
     ordered = dict(sorted(dumps.items()))
-    groups, group_of = resolve_groups(ordered)
-    return Job(ordered, groups, group_of, list(problems or []))
+    doubts: list[LoadProblem] = []
+    groups, group_of = resolve_groups(ordered, doubts)
+    return Job(ordered, groups, group_of, list(problems or []) + doubts)
 
 
-def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[int, str], Group]]:
+def resolve_groups(
+    dumps: dict[int, RankDump], doubts: list[LoadProblem] | None = None
+) -> tuple[list[Group], dict[tuple[int, str], Group]]:
     """Identify the job's process groups by name plus members, and what each name means per rank.
 
     Members come from a rank's own ``pg_config``, else from another rank's that lists it, else
-    (gloo, whose ``pg_config`` is broken) from the ranks that have entries under that name.
+    (gloo, whose ``pg_config`` is broken) from the ranks that have entries under that name. A claim
+    that one rank alone makes and that members it names contradict (their own ``pg_config`` gives
+    that group other members) is not believed, and said so in ``doubts``.
     """
     used: dict[str, set[int]] = defaultdict(set)  # name -> ranks with entries under it
     descs: dict[str, Counter[str]] = defaultdict(Counter)
@@ -220,21 +244,25 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
             used[name].add(rank)
             if desc:
                 descs[name][desc] += count
-    configured: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    claims: dict[str, dict[int, tuple[int, ...]]] = defaultdict(dict)  # name -> rank -> members it claims
     config_desc: dict[str, str] = {}
-    for dump in dumps.values():
+    for rank, dump in dumps.items():
         for name, config in dump.pg_config.items():
             if config.ranks:
-                configured[name].add(config.ranks)
+                claims[name][rank] = config.ranks
                 if config.desc:
                     config_desc.setdefault(name, config.desc)
+    believed = _believed_claims(dumps, claims, doubts if doubts is not None else [])
+    configured: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    for name, by_rank in believed.items():
+        configured[name].update(by_rank.values())
 
     from_entries = {name: tuple(sorted(ranks)) for name, ranks in used.items()}
 
     def members_for(rank: int, name: str) -> tuple[int, ...]:
-        own = dumps[rank].pg_config.get(name) if rank in dumps else None
-        if own and own.ranks and rank in own.ranks:
-            return own.ranks
+        own = believed.get(name, {}).get(rank)
+        if own and rank in own:
+            return own
         for ranks in sorted(configured.get(name, ())):
             if rank in ranks:
                 return ranks
@@ -267,3 +295,31 @@ def resolve_groups(dumps: dict[int, RankDump]) -> tuple[list[Group], dict[tuple[
     for (rank, name), members in membership.items():
         group_of[(rank, name)] = groups[(name, members)]
     return list(groups.values()), group_of
+
+
+def _believed_claims(
+    dumps: dict[int, RankDump], claims: dict[str, dict[int, tuple[int, ...]]], doubts: list[LoadProblem]
+) -> dict[str, dict[int, tuple[int, ...]]]:
+    """The ``pg_config`` claims to believe: every claim that two ranks or more make, and a claim one rank
+    alone makes unless members it names say otherwise of that group in their own ``pg_config``."""
+    believed: dict[str, dict[int, tuple[int, ...]]] = {}
+    for name, by_rank in claims.items():
+        support = Counter(by_rank.values())
+        kept: dict[int, tuple[int, ...]] = {}
+        for rank, members in by_rank.items():
+            if support[members] == 1:
+                named = set(members)
+                against = [r for r, theirs in by_rank.items() if r != rank and r in named and theirs != members]
+                if against:
+                    doubts.append(
+                        LoadProblem(
+                            dumps[rank].path,
+                            f"pg_config says group {name} has ranks {ranks_label(members)}; ranks "
+                            f"{ranks_label(against)} say otherwise in theirs: not believed",
+                            fatal=False,
+                        )
+                    )
+                    continue
+            kept[rank] = members
+        believed[name] = kept
+    return believed

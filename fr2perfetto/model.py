@@ -278,6 +278,9 @@ class Finding:
     op_keys: tuple[int, ...] = ()  # the matched ops it is about
 
 
+MAX_RANK = 1 << 24  # ranks at or beyond this are refused: no job has them, and they would size tables
+
+
 def ranks_label(ranks: tuple[int, ...] | list[int]) -> str:
     """``[0, 1, 2, 5]`` to ``0-2,5``."""
     parts: list[str] = []

@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
+from .cleanup import partial_path
+
 
 @contextlib.contextmanager
 def atomic_output(path: str) -> Iterator[IO[bytes]]:
@@ -16,7 +18,7 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=".fr2perfetto-", suffix=".partial", dir=directory)
     try:
-        with os.fdopen(handle, "wb", buffering=1 << 20) as out:
+        with partial_path(temporary), os.fdopen(handle, "wb", buffering=1 << 20) as out:
             yield out
         umask = os.umask(0)
         os.umask(umask)

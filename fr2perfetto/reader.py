@@ -10,14 +10,27 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 import re
 from collections.abc import Callable
 from typing import Any
 
 from .files import parse_dump_name
-from .model import COMPLETED, SCHEDULED, STARTED, Entry, Frame, GroupConfig, RankDump, group_counts, time_range
+from .model import (
+    COMPLETED,
+    MAX_RANK,
+    SCHEDULED,
+    STARTED,
+    Entry,
+    Frame,
+    GroupConfig,
+    RankDump,
+    group_counts,
+    time_range,
+)
 from .safe_pickle import RefusedPickle, loads_plain
 from .speedups import SPEEDUPS as _speedups
+from .text import safe_text
 
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
 _INT64_MAX = 2**63 - 1
@@ -49,34 +62,59 @@ class _BadEntry(Exception):
     """One entry that cannot be used; it is skipped."""
 
 
-def read_dump(path: str, data: bytes | None = None) -> RankDump:
+MAX_DUMP_BYTES = 1 << 30  # the largest file read as a dump by default (real ones are tens of MB)
+
+
+def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
     """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
-    return _read(path, data, as_rows=False)
+    return _read(path, data, as_rows=False, max_bytes=max_bytes)
 
 
-def read_dump_rows(path: str) -> tuple[RankDump, list[tuple[Any, ...]]]:
+def read_dump_rows(path: str, max_bytes: int = MAX_DUMP_BYTES) -> tuple[RankDump, list[tuple[Any, ...]]]:
     """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (a plain
     tuple, or an ``Entry``), and the dump's own list of entries is empty: cheaper to pass between
     processes.
     """
-    dump = _read(path, None, as_rows=True)
+    dump = _read(path, None, as_rows=True, max_bytes=max_bytes)
     rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
     dump.entries = []
     return dump, rows
 
 
-def _read(path: str, data: bytes | None, as_rows: bool) -> RankDump:
+def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
     name = parse_dump_name(path)
     if name is None:
         raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
+    if name.rank >= MAX_RANK:
+        raise DumpError(f"rank {name.rank} (from the file name) is beyond the largest rank read, {MAX_RANK - 1}")
     if data is None:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except OSError as error:
-            raise DumpError(f"cannot read: {error.strerror or error}") from None
+        data = _read_file(path, max_bytes)
     raw, file_format = _decode(data)
-    return normalise(raw, rank=name.rank, path=path, host=name.host, file_format=file_format, as_rows=as_rows)
+    return normalise(
+        raw, rank=name.rank, path=safe_text(path), host=safe_text(name.host) if name.host else None,
+        file_format=file_format, as_rows=as_rows,
+    )  # fmt: skip
+
+
+def _read_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of a file that looks like a dump from its first bytes and is not over ``max_bytes``:
+    anything else is refused before it is read whole."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise DumpError(
+                    f"{size / 2**20:.0f} MB, over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)"
+                )
+            head = handle.read(64)
+            if head and head[:1] != b"\x80" and head.lstrip()[:1] not in (b"{", b""):
+                raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
+            rest = handle.read(max_bytes + 1 - len(head))
+            if len(head) + len(rest) > max_bytes:  # it grew while being read
+                raise DumpError(f"over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)")
+            return head + rest
+    except OSError as error:
+        raise DumpError(f"cannot read: {error.strerror or error}") from None
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any], str]:
@@ -209,7 +247,9 @@ def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
         name = name if isinstance(name, str) else str(name) if type(name) is int and abs(name) < 2**63 else ""
         if name == "":
             continue  # gloo registers groups under "" with wrong or empty ranks
-        config[str(key) if major == 1 else name] = GroupConfig(name, desc if isinstance(desc, str) else "", ranks)
+        name = safe_text(name)
+        key = safe_text(key) if isinstance(key, str) else str(key) if type(key) is int and abs(key) < 2**63 else name
+        config[key if major == 1 else name] = GroupConfig(name, safe_text(desc) if isinstance(desc, str) else "", ranks)
     return config
 
 
@@ -221,8 +261,8 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
         numbers = list(value)
     else:
         return None
-    if not numbers or any(n < 0 or n > _INT64_MAX for n in numbers):
-        return None
+    if not numbers or any(n < 0 or n >= MAX_RANK for n in numbers):
+        return None  # not ranks (or not ranks of a job anyone runs): the members used it tell instead
     return tuple(sorted(set(numbers)))
 
 
@@ -240,7 +280,7 @@ def _read_pg_status(value: Any) -> dict[str, tuple[int, int, int]]:
             )
         except (TypeError, ValueError, OverflowError):
             continue
-        status[str(key)] = values  # type: ignore[assignment]
+        status[safe_text(key) if isinstance(key, str) else str(key)] = values  # type: ignore[assignment]
     return status
 
 
@@ -274,7 +314,7 @@ def _str(item: dict[str, Any], key: str, default: str = "") -> str:
     if value is None:
         return default
     if isinstance(value, str):
-        return value
+        return safe_text(value)
     if type(value) is int and abs(value) <= _INT64_MAX:  # thread ids have been written as numbers
         return str(value)
     raise _BadEntry(f"{key} is {_describe(value)}, not a string")
@@ -296,7 +336,7 @@ def _dtypes(item: dict[str, Any], key: str) -> tuple[str, ...]:
     value = item.get(key) or []
     if not isinstance(value, (list, tuple)) or not all(isinstance(d, str) for d in value):
         raise _BadEntry(f"{key} is not a list of dtype names")
-    return tuple(_DTYPE_NAMES.get(d, d) for d in value)
+    return tuple(_DTYPE_NAMES.get(d, safe_text(d)) for d in value)
 
 
 def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
@@ -320,8 +360,8 @@ def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
             line = raw.get("line", 0)
             name, filename = raw.get("name"), raw.get("filename")
             frame = Frame(
-                name=name if isinstance(name, str) else "?",
-                filename=filename if isinstance(filename, str) else "?",
+                name=safe_text(name) if isinstance(name, str) else "?",
+                filename=safe_text(filename) if isinstance(filename, str) else "?",
                 line=line if type(line) is int and 0 <= line <= _INT64_MAX else 0,
             )
             cache[id(raw)] = frame
@@ -332,13 +372,15 @@ def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
 
 def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
     """``nccl:send 1->0`` to (``nccl``, ``send``, (1, 0)); ``nccl:recv 0<-1`` to (.., ``recv``, (1, 0))."""
+    name = safe_text(name)
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
     op, _, meta = rest.strip().partition(" ")
     peers = None
     match = _P2P_PEERS.search(meta)
     if match:
         a, arrow, b = int(match.group(1)), match.group(2), int(match.group(3))
-        peers = (a, b) if arrow == "->" else (b, a)
+        if 0 <= a < MAX_RANK and 0 <= b < MAX_RANK:
+            peers = (a, b) if arrow == "->" else (b, a)
     return backend, op or "?", peers
 
 
@@ -397,7 +439,7 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
         names = None
     if names is None:
         if isinstance(group, (list, tuple)) and len(group) >= 1 and all(isinstance(x, str) for x in group[:2]):
-            names = (group[0], group[1] if len(group) > 1 else "")
+            names = (safe_text(group[0]), safe_text(group[1]) if len(group) > 1 else "")
         elif group is None and major == 1:
             names = (str(pg_id), "")
         else:
@@ -447,11 +489,9 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     if type(op_id) is not int or not 0 <= op_id <= _INT64_MAX:
         op_id = _int(item, "op_id", 0, low=0)
     thread_id = get("thread_id", "")
-    if type(thread_id) is not str:
-        thread_id = _str(item, "thread_id")
+    thread_id = safe_text(thread_id) if type(thread_id) is str else _str(item, "thread_id")
     thread_name = get("thread_name", "")
-    if type(thread_name) is not str:
-        thread_name = _str(item, "thread_name")
+    thread_name = safe_text(thread_name) if type(thread_name) is str else _str(item, "thread_name")
     return Entry(
         rank,
         group_name,

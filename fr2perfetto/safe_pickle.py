@@ -5,7 +5,9 @@ and None. Anything that needs a class or a callable (``GLOBAL``, ``STACK_GLOBAL`
 looked-up callable, ``INST``, ``OBJ``, extension codes, persistent ids) is refused before it can run.
 
 A few bytes can also ask the unpickler for gigabytes (a memo index of 2**32 makes it allocate and
-clear a table that large), so on Linux the load runs with a cap on the address space it may add.
+clear a table that large), so on Linux the load runs with a cap on the address space it may add. And
+a few bytes can describe a tuple nested a million deep, or one that holds the same tuple twice thirty
+times over: ``pickle_shape`` measures what a pickle would build before anything is built.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import io
 import os
 import pickle
 from collections.abc import Iterator
+
+from .pickle_shape import check as check_shape
 
 try:
     import resource
@@ -74,6 +78,9 @@ def loads_plain(data: bytes) -> object:
 
     ``MemoryError`` means the pickle asked for far more memory than a dump of its size needs.
     """
+    why = check_shape(data)
+    if why is not None:
+        raise RefusedPickle(why)
     # A buffered reader lets the C unpickler take the bytes in large chunks; a bare BytesIO makes
     # it call read() once per opcode, which takes three times as long.
     stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 17)  # type: ignore[arg-type]

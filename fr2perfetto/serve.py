@@ -3,18 +3,25 @@
 The UI fetches ``http://127.0.0.1:9001/<file>`` (the one local port its content security policy
 allows) when opened at its ``#!/?url=`` deep link; the server answers that one request with the CORS
 header the UI needs, then stops. Ctrl-C stops it too.
+
+Any local process can connect to that port, so the file is served only under a random token in its
+path (which only the printed link holds); connections are served one at a time, each given a few
+seconds, so that one idle connection cannot hold the real fetch; a fetch the browser aborts is
+nothing to print a traceback about.
 """
 
 from __future__ import annotations
 
 import http.server
 import os
+import secrets
 import urllib.parse
 import webbrowser
 from collections.abc import Callable
 
 UI_ORIGIN = "https://ui.perfetto.dev"
 UI_PORT = 9001
+CONNECTION_SECONDS = 3.0  # how long one connection may take to send its request (and read the answer)
 
 
 def deep_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
@@ -25,6 +32,7 @@ def deep_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
 
 class _OneTraceHandler(http.server.BaseHTTPRequestHandler):
     server: _OneTraceServer
+    timeout = CONNECTION_SECONDS  # the socket's: an idle or slow client is dropped
 
     def _cors(self) -> None:
         self.send_header("Access-Control-Allow-Origin", self.server.origin)
@@ -37,7 +45,7 @@ class _OneTraceHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        if urllib.parse.unquote(self.path.split("?")[0]) != "/" + self.server.name:
+        if urllib.parse.unquote(self.path.split("?")[0]) != "/" + self.server.name:  # the token is in it
             self.send_error(404, "Not found")
             return
         size = os.path.getsize(self.server.path)
@@ -46,9 +54,12 @@ class _OneTraceHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size))
         self.end_headers()
-        with open(self.server.path, "rb") as trace:
-            while chunk := trace.read(1 << 20):
-                self.wfile.write(chunk)
+        try:
+            with open(self.server.path, "rb") as trace:
+                while chunk := trace.read(1 << 20):
+                    self.wfile.write(chunk)
+        except OSError:
+            return  # the fetch was aborted (or timed out): serve the next one
         self.server.fetched = True
 
     def log_message(self, format: str, *args: object) -> None:
@@ -59,9 +70,12 @@ class _OneTraceServer(http.server.HTTPServer):
     def __init__(self, path: str, port: int, origin: str) -> None:
         super().__init__(("127.0.0.1", port), _OneTraceHandler)
         self.path = os.path.abspath(path)
-        self.name = os.path.basename(path)
+        self.name = f"{secrets.token_urlsafe(16)}/{os.path.basename(path)}"
         self.origin = origin
         self.fetched = False
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that went away (or never spoke) is not the command's error
 
 
 def serve_once(

@@ -517,7 +517,7 @@ def findings_tracks(
             args += [
                 ("group", finding.group.name),
                 ("group_desc", finding.group.desc),
-                ("group_ranks", ranks_label(finding.group.members)),
+                ("group_ranks", finding.group.members_label or ranks_label(finding.group.members)),
             ]
         if finding.op:
             args += [("op", finding.op), ("seq", finding.seq)]

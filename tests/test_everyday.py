@@ -204,7 +204,9 @@ def test_capture_dumps_every_rank_of_a_real_job(tmp_path: Path):
     errors = [p.communicate(timeout=120)[1].decode() for p in ranks]
     assert all(p.returncode != 0 for p in ranks)  # every rank died: 2 of its error, the others of timeouts
     assert "loss is NaN on rank 2" in errors[2]
-    assert sorted(p.name for p in dumps.iterdir()) == [f"gloo_trace_rank_{r}" for r in range(4)]
+    assert sorted(p.name for p in dumps.glob("gloo_trace_rank_?")) == [f"gloo_trace_rank_{r}" for r in range(4)]
+    # each rank says how it ended; rank 2 also asked the others to dump at once, while they waited
+    assert (dumps / "gloo_trace_rank_2.ended").read_text().startswith("exception: ValueError: loss is NaN")
     code, stdout, _ = run_cli("analyze", str(dumps), "--json")
     verdict = json.loads(stdout)["verdict"]
     assert code == 1 and verdict["culprit_ranks"] == [2] and "rank 2 never issued all_reduce #4" in verdict["summary"]

@@ -70,10 +70,10 @@ _real_read, _real_write = job_module._read_packed, convert_module._write_part
 
 # Module-level stand-ins for the workers' functions (tasks reach a worker pickled, by name), each
 # killing its process on one task, as the kernel's out-of-memory killer would.
-def _read_or_die(path: str):
+def _read_or_die(path: str, **options: int):
     if path.endswith("nccl_trace_rank_20"):
         os._exit(9)
-    return _real_read(path)
+    return _real_read(path, **options)
 
 
 def _write_or_die(task):

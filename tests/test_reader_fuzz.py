@@ -48,7 +48,13 @@ def _read_without(data: bytes, *, c: bool, python_fast_path: bool):
 
 
 def _read(data: bytes) -> None:
-    """The C reader, the Python fast path and the full reader all read the same."""
+    """The C reader, the Python fast path and the full reader all read the same; the C and Python
+    shape checks of a pickle agree."""
+    if data[:1] == b"\x80":
+        from fr2perfetto import _speedups, pickle_shape
+
+        limit = pickle_shape.max_nodes(len(data))
+        assert _speedups.scan_pickle(data, pickle_shape.MAX_DEPTH, limit) == pickle_shape.scan(data, 64, limit)
     others = [dict(c=False, python_fast_path=True), dict(c=False, python_fast_path=False)]
     try:
         dump = read_dump("/fuzz/nccl_trace_rank_3", data)
@@ -120,3 +126,63 @@ def test_structure_mutations(which: int, edits: list[tuple[int, bool, Any]]):
             continue
     data = json.dumps(doc, default=list).encode() if which == 1 else pickle.dumps(doc, protocol=2)
     _read(data)
+
+
+def _deep(depth: int) -> Any:
+    value: Any = ()
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def _shared(levels: int) -> Any:
+    value: Any = ()
+    for _ in range(levels):
+        value = (value, value)  # pickled once per level (the memo): 2**levels nodes to walk or hash
+    return value
+
+
+HOSTILE_VALUES = st.one_of(
+    WEIRD_VALUES,
+    st.sampled_from([_deep(70), _shared(30), "\ud800", "x\udfffy", ("\ud800", "tp"), [[2**63]], [_deep(70)]]),
+    st.integers(min_value=2**24 - 2, max_value=2**64),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
+    st.builds(lambda n: f"[0, {n}]", st.integers(min_value=2**24 - 2, max_value=2**70)),
+    st.builds(lambda n: f"nccl:send 0->{n}", st.integers(min_value=2**24 - 2, max_value=2**70)),
+)
+
+
+@settings(max_examples=300, deadline=10_000, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.sampled_from([0, 2]),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), HOSTILE_VALUES), min_size=1, max_size=4),
+)
+def test_hostile_shapes(which: int, edits: list[tuple[int, Any]]):
+    """Deep nesting, shared-tuple bombs, lone surrogates, ranks and numbers out of range, anywhere in a
+    real pickle (pg_status keys included): the shape check refuses the first two in C and in Python
+    alike, and whatever reads has text every output can encode."""
+    from fr2perfetto import _speedups, pickle_shape
+
+    doc = copy.deepcopy(DECODED[which])
+    paths = PATHS[which]
+    for index, value in edits:
+        path = paths[index % len(paths)]
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = value
+            if index % 7 == 0 and isinstance(doc.get("pg_status"), dict):
+                doc["pg_status"][_deep(70) if index % 2 else "\ud800"] = {}
+        except (KeyError, IndexError, TypeError):
+            continue
+    data = pickle.dumps(doc, protocol=2)
+    limit = pickle_shape.max_nodes(len(data))
+    assert _speedups.scan_pickle(data, pickle_shape.MAX_DEPTH, limit) == pickle_shape.scan(data, 64, limit)
+    _read(data)
+    with contextlib.suppress(DumpError):
+        dump = read_dump("/fuzz/nccl_trace_rank_3", data)
+        for entry in dump.entries:
+            for text in (entry.group_name, entry.group_desc, entry.op, entry.thread_name, entry.thread_id,
+                         *entry.input_dtypes, *(f.name + f.filename for f in entry.frames)):  # fmt: skip
+                text.encode("utf-8")

@@ -1,0 +1,56 @@
+"""What to remove and kill if the command is stopped by a signal: partial files and worker processes.
+
+A signal can land anywhere, inside a callback whose exception Python ignores among them, so stopping
+does not rely on unwinding: the handler (installed by the command line) removes every partial file
+and kills every worker registered here, then ends the process. Only the process that registered them
+acts on them: a forked worker inherits the handler, never the right to delete its parent's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from multiprocessing.process import BaseProcess
+
+_owner = os.getpid()
+_paths: dict[str, None] = {}
+_process_sources: list[Callable[[], list[BaseProcess]]] = []
+
+
+@contextlib.contextmanager
+def partial_path(path: str) -> Iterator[None]:
+    """While the block runs, ``path`` (a file or folder) is removed if the command is stopped."""
+    _paths[path] = None
+    try:
+        yield
+    finally:
+        _paths.pop(path, None)
+
+
+@contextlib.contextmanager
+def worker_processes(source: Callable[[], list[BaseProcess]]) -> Iterator[None]:
+    """While the block runs, the processes ``source()`` lists are killed if the command is stopped."""
+    _process_sources.append(source)
+    try:
+        yield
+    finally:
+        _process_sources.remove(source)
+
+
+def abandon() -> None:
+    """Kill the registered workers and remove the registered partial files (in the registering process)."""
+    if os.getpid() != _owner:
+        return
+    for source in list(_process_sources):
+        with contextlib.suppress(Exception):
+            for process in source():
+                with contextlib.suppress(Exception):
+                    process.kill()
+    for path in list(_paths):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)

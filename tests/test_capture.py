@@ -1,0 +1,130 @@
+"""Capture on real gloo jobs: a dump on request while the rank is blocked, the dump at exit, trigger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .conftest import ROOT, run_cli
+
+BLOCKED_SCRIPT = """
+import sys, time
+from datetime import timedelta
+from fr2perfetto import capture
+capture.configure(sys.argv[1])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+capture.install()
+t = torch.ones(4)
+dist.all_reduce(t)
+print("ready", flush=True)
+if dist.get_rank() == 3:
+    time.sleep(60)  # stuck in its own code: ranks 0-2 block in the next all_reduce
+dist.all_reduce(t)
+"""
+
+
+def _ranks(script: Path, dumps: Path, world: int) -> list[subprocess.Popen[bytes]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in range(world):  # what torchrun does: one process per rank with these variables
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, str(script), str(dumps)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
+    return ranks
+
+
+def test_sigusr1_dumps_a_rank_blocked_in_a_collective_at_once(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(BLOCKED_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 4)
+    try:
+        for process in ranks:
+            assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        time.sleep(3)  # ranks 0-2 are in the second all_reduce, which cannot complete
+        asked = time.monotonic()
+        os.kill(ranks[0].pid, signal.SIGUSR1)
+        dump = dumps / "gloo_trace_rank_0"
+        while not dump.exists() and time.monotonic() - asked < 10:
+            time.sleep(0.02)
+        waited = time.monotonic() - asked
+        assert dump.exists() and waited < 2, f"no dump {waited:.1f} s after the request"
+        assert ranks[0].poll() is None  # still blocked: the dump did not wait for the collective
+        assert (dumps / "gloo_trace_rank_0.ended").read_text() == "running\n"
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    from fr2perfetto.job import load_job
+
+    job = load_job([str(dumps)])  # the pid and .ended files beside the dump are not read as dumps
+    assert not job.problems and list(job.dumps) == [0]
+    # it holds the all_reduce it is blocked in
+    assert [e.op for e in job.dumps[0].entries] == ["all_reduce", "all_reduce"]
+
+
+EXIT_SCRIPT = """
+import os, signal, sys
+from datetime import timedelta
+flag = os.path.join(sys.argv[1], "theirs")
+signal.signal(signal.SIGUSR1, lambda *_: open(flag, "w").close())  # the script's own handler
+from fr2perfetto import capture
+capture.configure(sys.argv[1])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+capture.install()
+t = torch.ones(4)
+dist.all_reduce(t)
+os.kill(os.getpid(), signal.SIGUSR1)  # a dump on request, mid-run
+import time; time.sleep(1)
+for _ in range(3):
+    dist.all_reduce(t)
+dist.destroy_process_group()  # after it, nothing would be left to dump at exit
+"""
+
+
+def test_a_job_that_finishes_rewrites_its_dump_and_says_it_exited(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 2)
+    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
+    assert (dumps / "theirs").exists()  # the script's own handler still ran
+    assert (dumps / "gloo_trace_rank_0.ended").read_text() == "exit\n"
+    code, stdout, _ = run_cli("analyze", str(dumps), "--json")
+    report = json.loads(stdout)
+    assert code == 0 and report["verdict"]["status"] == "healthy"  # all four all_reduces, on both ranks
+    assert report["job"]["ops"] == 4
+
+
+def test_trigger_never_blocks_on_a_full_pipe_and_goes_on(tmp_path: Path):
+    from fr2perfetto.trigger import PIPE_PREFIX
+
+    full, fine = (tmp_path / f"{PIPE_PREFIX}{rank}.pipe" for rank in range(2))
+    for pipe in (full, fine):
+        os.mkfifo(pipe)
+    readers = [os.open(p, os.O_RDONLY | os.O_NONBLOCK) for p in (full, fine)]
+    writer = os.open(full, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        try:
+            while True:  # a rank that stopped reading its pipe: its buffer is full
+                os.write(writer, b"x" * 4096)
+        except BlockingIOError:
+            pass
+        code, stdout, stderr = run_cli("trigger", str(tmp_path))
+        received = os.read(readers[1], 16)
+    finally:
+        for fd in (*readers, writer):
+            os.close(fd)
+    assert code == 0 and "Asked 1 ranks" in stdout and received == b"1\n"
+    assert f"{full}: not written (its buffer is full" in stderr and "Traceback" not in stderr
