@@ -150,6 +150,7 @@ def install(
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
             what = f"{kind.__name__}: {value}"[:200]
             _try_dump(what, ended=f"exception: {what}")
+            _stop_serving()
             if wake_others:
                 _wake_others()
             previous(kind, value, tb)
@@ -167,6 +168,16 @@ def install(
 def _at_exit() -> None:
     if not _state.get("ended"):  # an exception, a signal or destroy_process_group dumped already
         _try_dump("exit", ended="exit")
+    _stop_serving()
+
+
+def _stop_serving() -> None:
+    """Once the process ends: ignore dump requests, which would otherwise end it by their default action
+    (and change its exit status) once Python's handlers are gone."""
+    signum = _state.get("request_signal")
+    if signum is not None:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _chain(signum: int, action: Callable[[int], None]) -> None:

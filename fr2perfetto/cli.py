@@ -84,6 +84,12 @@ Redact = Annotated[
 KeepNames = Annotated[
     bool, typer.Option("--keep-names", help="With --redact: keep the training script's function and file names.")
 ]
+Logs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--logs", help="Log files or folders of the job (logs beside the dumps are read anyway).", show_default=False
+    ),
+]
 MaxDumpSize = Annotated[
     float, typer.Option("--max-dump-size", min=0.001, help="Refuse, unread, dump files over this many MB.")
 ]
@@ -96,11 +102,12 @@ def _load(
     redact: bool = False,
     max_dump_mb: float = 1024,
     keep_names: bool = False,
+    logs: list[str] | None = None,
 ) -> Job:
     """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
     workers = jobs or (os.cpu_count() or 1)
     limit = int(max_dump_mb * 2**20)
-    options = {"jobs": workers, "max_dump_bytes": limit, "redact": redact, "keep_names": keep_names}
+    options = {"jobs": workers, "max_dump_bytes": limit, "redact": redact, "keep_names": keep_names, "logs": logs}
     if quiet or not err.is_terminal:
         job = load_job(inputs, **options)  # type: ignore[arg-type]
     else:
@@ -155,6 +162,7 @@ def convert(
     jobs: Jobs = 0,
     quiet: Quiet = False,
     max_dump_mb: MaxDumpSize = 1024,
+    logs: Logs = None,
 ) -> None:
     """Write one Perfetto trace of every rank: a process per rank, a track per process group.
 
@@ -176,7 +184,7 @@ def convert(
         raise typer.Exit(EXIT_UNUSABLE)
     quiet = quiet or to_stdout
     with gc_paused():
-        job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names)
+        job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names, logs)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
         view = plan_view(
@@ -324,10 +332,11 @@ def analyze(
     jobs: Jobs = 0,
     quiet: Quiet = False,
     max_dump_mb: MaxDumpSize = 1024,
+    logs: Logs = None,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
     with gc_paused():
-        job = _load(inputs, jobs, quiet or as_json, redact, max_dump_mb, keep_names)
+        job = _load(inputs, jobs, quiet or as_json, redact, max_dump_mb, keep_names, logs)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
     diagnosis = analysis.diagnosis

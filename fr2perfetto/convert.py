@@ -36,6 +36,7 @@ from .timeline import (
     drawn_counts,
     findings_tracks,
     ops_by_rank,
+    rank_notes,
     rank_timelines,
     time_span,
 )
@@ -78,6 +79,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     diagnosis = analysis.diagnosis
     offsets = diagnosis.evidence.clocks.offsets if diagnosis.evidence is not None else {}
     finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets)
+    highlights.rank_notes = rank_notes(job, span)
     scene = _Scene(job, index, span, highlights, view)
     as_json = output_format(path) == "json"
     with _destination(path) as raw, _maybe_gzip(raw, path) as out:
@@ -206,7 +208,7 @@ def refuse_output(path: str, inputs: list[str]) -> str | None:
         return f"cannot check it ({error.strerror or error})"
     if not stat.S_ISREG(status.st_mode):
         return "exists and is not a regular file (a symlink, pipe, device or folder): refusing to replace it"
-    files, _ = expand_inputs(inputs)
+    files, _ = expand_inputs(inputs, recursive=True)
     for name in files:
         with contextlib.suppress(OSError):
             if os.path.samefile(name, path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .arguments import recorded_sizes
 from .blame import Blame, assign_blame
+from .corroborate import corroborate
 from .evidence import WAIT_NOT_STARTED, Evidence, gather_evidence
 from .job import Job
 from .model import (
@@ -51,6 +52,8 @@ CATEGORY_GPU_HANG = "GPU/NCCL/network hang (every rank entered the op and none c
 CATEGORY_NOT_STARTED = "a rank's GPU never started the op (a kernel of its own holds its stream)"
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
 CATEGORY_STRAGGLER = "slow rank (a straggler enqueues collectives late)"
+CATEGORY_CRASH = "a rank crashed (its log says why) and left no dump"
+CRASH_SAYS = "'s log says: "
 CATEGORY_NONE = "none"
 
 
@@ -73,6 +76,7 @@ class Diagnosis:
     findings: list[Finding]
     evidence: Evidence | None = None
     roles: dict[tuple[int, int], str] = field(default_factory=dict)  # see ``victim_roles``
+    notes: list[str] = field(default_factory=list)  # what the logs say, checked against the dumps
 
 
 @dataclass(slots=True)
@@ -623,7 +627,12 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
     # A deadlock already explains the missing ops it is made of.
     deadlocked = {k for f in findings if f.kind == KIND_DEADLOCK for k in f.op_keys}
     findings = [f for f in findings if not (f.kind == KIND_MISSING and set(f.op_keys) <= deadlocked)]
-    return Diagnosis(verdict(findings, ops, evidence.timed), findings, evidence, victim_roles(context))
+    findings, notes = corroborate(evidence, findings)
+    weighed = verdict(findings, ops, evidence.timed)
+    weighed.evidence += notes
+    if CRASH_SAYS in weighed.summary:
+        weighed.category = CATEGORY_CRASH
+    return Diagnosis(weighed, findings, evidence, victim_roles(context), notes)
 
 
 def victim_roles(context: _Context) -> dict[tuple[int, int], str]:

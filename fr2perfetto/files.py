@@ -47,16 +47,24 @@ def parse_dump_name(path: str) -> DumpName | None:
     return DumpName(rank, host)
 
 
-def expand_inputs(inputs: list[str]) -> tuple[list[str], list[str]]:
+def expand_inputs(inputs: list[str], recursive: bool = False) -> tuple[list[str], list[str]]:
     """Turn directories, files and glob patterns into a sorted list of files.
 
     Returns (files, inputs that matched nothing). A directory contributes the regular files
-    directly inside it, leaving out hidden files and files that are plainly not dumps.
+    directly inside it, leaving out hidden files and files that are plainly not dumps; with
+    ``recursive``, every regular file under it, hidden folders and files left out (the caller sorts
+    them by kind).
     """
     files: list[str] = []
     unmatched: list[str] = []
     for item in inputs:
-        if os.path.isdir(item):
+        if os.path.isdir(item) and recursive:
+            found = []
+            for folder, folders, names in os.walk(item):
+                folders[:] = sorted(f for f in folders if not f.startswith("."))
+                found += [os.path.join(folder, n) for n in names if not n.startswith(".")
+                          and os.path.isfile(os.path.join(folder, n))]  # fmt: skip
+        elif os.path.isdir(item):
             found = [
                 os.path.join(item, name)
                 for name in os.listdir(item)

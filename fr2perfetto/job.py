@@ -15,13 +15,15 @@ from functools import partial
 from itertools import repeat
 from typing import TypeVar
 
-from .files import expand_inputs
 from .gcpause import gc_paused
-from .model import Entry, Group, LoadProblem, RankDump, group_counts, ranks_label
+from .inputs import Found, Source, find_inputs, read_limited
+from .logs import parse_log
+from .model import Entry, Group, LoadProblem, LogEvent, RankDump, StackSnapshot, group_counts, ranks_label
 from .pools import process_pool
 from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
 from .redact import redact_dumps
 from .speedups import SPEEDUPS as _speedups
+from .stacks import parse_stacks
 
 
 @dataclass(slots=True)
@@ -33,6 +35,8 @@ class Job:
     # (rank, group name) -> the group that name means on that rank.
     group_of: dict[tuple[int, str], Group]
     problems: list[LoadProblem] = field(default_factory=list)
+    stacks: dict[int, StackSnapshot] = field(default_factory=dict)  # rank -> its snapshot at the dumps' time
+    log_events: list[LogEvent] = field(default_factory=list)
     _by_rank: dict[int, list[Group]] | None = None
     _ranks: list[int] | None = None
 
@@ -176,33 +180,39 @@ def load_job(
     max_dump_bytes: int = MAX_DUMP_BYTES,
     redact: bool = False,
     keep_names: bool = False,
+    logs: list[str] | None = None,
 ) -> Job:
-    """Read all dumps named by ``inputs`` (directories, files, globs) into a ``Job``.
+    """Read all dumps named by ``inputs`` (directories searched through, archives, files, globs) into a
+    ``Job``, with the stack snapshots and logs found among them (and in ``logs``).
 
     ``progress(done, total)`` is called as files are read; files over ``max_dump_bytes`` are refused.
     ``redact``: every string of the dumps that is not PyTorch's own becomes a placeholder before
     anything is made from them (``redact``; ``keep_names`` keeps the script's function and file names).
     """
-    paths, unmatched = expand_inputs(inputs)
+    found = find_inputs(inputs, max_dump_bytes, logs)
+    on_disk = [s.path for s in found.dumps if s.data is None]
+    in_memory = [s for s in found.dumps if s.data is not None]
+    total = len(found.dumps)
     done = 0
 
     def advance(count: int) -> None:
         nonlocal done
         done += count
         if progress:
-            progress(done, len(paths))
+            progress(done, total)
 
-    problems = [LoadProblem(item, "no such file or directory, or no dump in it") for item in unmatched]
+    problems = list(found.problems)
+    if found.skipped:
+        reasons = ", ".join(f"{count} {why}" for why, count in sorted(found.skipped.items()))
+        problems.append(LoadProblem(" ".join(inputs), f"{sum(found.skipped.values())} files skipped ({reasons})",
+                                    fatal=False))  # fmt: skip
     dumps: dict[int, RankDump] = {}
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    for result in read_files(paths, workers, advance, max_dump_bytes):
+    results = [*read_files(on_disk, workers, advance, max_dump_bytes), *map(_read_source, in_memory)]
+    advance(len(in_memory))
+    for result in results:
         if isinstance(result, LoadProblem):
             problems.append(result)
-            continue
-        if result.rank in dumps:
-            problems.append(
-                LoadProblem(result.path, f"rank {result.rank} was already read from {dumps[result.rank].path}; skipped")
-            )
             continue
         if result.skipped_entries:
             problems.append(
@@ -212,10 +222,89 @@ def load_job(
                     fatal=False,
                 )
             )
-        dumps[result.rank] = result
+        _keep_newest(dumps, result, problems)
     if redact:
         problems = redact_dumps(dumps, problems, keep_names)
-    return build_job(dumps, problems)
+    if redact and (found.stacks or found.logs):
+        problems.append(LoadProblem("the inputs", "stack snapshots and logs are left out with --redact "
+                                    "(their text holds names and paths)", fatal=False))  # fmt: skip
+    job = build_job(dumps, problems)
+    if not redact:
+        job.stacks, job.log_events = _evidence(found, dumps, job.problems)
+    return job
+
+
+def _read_source(source: Source) -> RankDump | LoadProblem:
+    return _problem_or(lambda path: read_dump(path, source.data), source.path)
+
+
+def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[LoadProblem]) -> None:
+    """Two dumps of one rank (periodic snapshots, a copy): the one whose entries end later is used."""
+    other = dumps.get(dump.rank)
+    if other is None:
+        dumps[dump.rank] = dump
+        return
+    newer, older = (dump, other) if (dump.time_range or (0, 0))[1] > (other.time_range or (0, 0))[1] else (other, dump)
+    dumps[dump.rank] = newer
+    problems.append(LoadProblem(older.path, f"rank {dump.rank} has a newer dump, {newer.path}: this one skipped",
+                                fatal=False))  # fmt: skip
+
+
+TEXT_LIMIT = 16 << 20  # bytes of a log or stack file read (its end)
+
+
+def _evidence(
+    found: Found, dumps: dict[int, RankDump], problems: list[LoadProblem]
+) -> tuple[dict[int, StackSnapshot], list[LogEvent]]:
+    """Each rank's stack snapshot nearest before the dumps' time, and every log event."""
+    ends = [d.time_range[1] for d in dumps.values() if d.time_range]
+    dumped_at = max(ends) if ends else None
+    year = None
+    if dumped_at is not None:
+        import datetime
+
+        year = datetime.datetime.fromtimestamp(dumped_at / 1e9).year
+    snapshots: list[StackSnapshot] = []
+    for source in found.stacks:
+        try:
+            text = read_limited(source, TEXT_LIMIT).decode("utf-8", "replace")
+            mtime = None if source.data is not None else os.stat(source.path).st_mtime_ns
+        except OSError as error:
+            problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
+            continue
+        snapshots += parse_stacks(text, source.path, mtime)
+    events: list[LogEvent] = []
+    for source in found.logs:
+        try:
+            text = read_limited(source, TEXT_LIMIT).decode("utf-8", "replace")
+        except OSError as error:
+            problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
+            continue
+        events += parse_log(text, source.path, year)
+    return _choose_snapshots(snapshots, dumped_at), events
+
+
+SNAPSHOT_MARGIN_NS = 60_000_000_000  # a snapshot this much after the dumps still counts as taken with them
+
+
+def _choose_snapshots(snapshots: list[StackSnapshot], dumped_at: int | None) -> dict[int, StackSnapshot]:
+    """Per rank, the newest snapshot taken before (or about when) the dumps were; where every snapshot
+    is later (a clock or time zone apart), the earliest."""
+    by_rank: dict[int, list[StackSnapshot]] = defaultdict(list)
+    for snapshot in snapshots:
+        by_rank[snapshot.rank].append(snapshot)
+    chosen = {}
+    for rank, taken in by_rank.items():
+        timed = sorted((s for s in taken if s.time_ns is not None), key=lambda s: s.time_ns or 0)
+        if not timed:
+            chosen[rank] = taken[-1]
+            continue
+        if dumped_at is None:
+            chosen[rank] = timed[-1]
+            continue
+        before = [s for s in timed if (s.time_ns or 0) <= dumped_at + SNAPSHOT_MARGIN_NS]
+        chosen[rank] = before[-1] if before else timed[0]
+    return chosen
 
 
 def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = None) -> Job:

@@ -176,6 +176,44 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadStack:
+    """One thread of a stack snapshot: its name, its frames innermost first."""
+
+    name: str
+    frames: tuple[Frame, ...]
+    current: bool = False  # the thread that took the snapshot (faulthandler's "Current thread")
+
+
+@dataclass(slots=True)
+class StackSnapshot:
+    """Where each thread of one rank was, at ``time_ns`` (None: unknown), from the file ``source``."""
+
+    rank: int
+    time_ns: int | None
+    source: str
+    threads: list[ThreadStack]
+
+
+# Kinds of log events.
+LOG_WATCHDOG_TIMEOUT, LOG_WATCHDOG_STUCK, LOG_NCCL_ERROR, LOG_CUDA_ERROR, LOG_EXCEPTION, LOG_CHILD_FAILED = (
+    "watchdog_timeout", "watchdog_stuck", "nccl_error", "cuda_error", "exception", "child_failed",
+)  # fmt: skip
+CRASHES = (LOG_NCCL_ERROR, LOG_CUDA_ERROR, LOG_EXCEPTION, LOG_CHILD_FAILED)  # the rank died of it
+
+
+@dataclass(slots=True)
+class LogEvent:
+    """A line of a job's log that says what went wrong on a rank."""
+
+    rank: int
+    time_ns: int | None  # None: the line has no time
+    kind: str  # LOG_*
+    line: str  # the line itself (for an exception: the exception line)
+    source: str  # file:line number
+    details: dict[str, str] = field(default_factory=dict)  # e.g. seq, op, where (the innermost frame)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadProblem:
     """A file that could not be read, or was read only in part."""
 

@@ -9,8 +9,9 @@ from .diagnose import Diagnosis
 from .job import Job
 from .model import MatchedOp
 from .proto import fr2perfetto_report_pb2 as report_pb2
+from .stacks import main_thread, where
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 _INT32_MAX = 2**31 - 1
 
 
@@ -54,6 +55,19 @@ def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report
     summary.has_timing = any(d.has_timing for d in job.dumps.values())
     for problem in job.problems:
         report.input_problems.add(path=problem.path, reason=problem.reason, fatal=problem.fatal)
+    for rank, snapshot in sorted(job.stacks.items()):
+        thread = main_thread(snapshot)
+        if thread is None:
+            continue
+        frame, in_collective = where(thread)
+        stack = report.stacks.add(rank=rank, time_ns=snapshot.time_ns or 0, source=snapshot.source,
+                                  thread=thread.name, in_collective=in_collective)  # fmt: skip
+        stack.where.name, stack.where.filename, stack.where.line = frame.name, frame.filename, _int32(frame.line)
+        for each in thread.frames:
+            stack.frames.add(name=each.name, filename=each.filename, line=_int32(each.line))
+    for event in job.log_events:
+        report.log_events.add(rank=event.rank, time_ns=event.time_ns or 0, kind=event.kind, line=event.line,
+                              source=event.source, details=event.details)  # fmt: skip
     return report
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Union
 
@@ -43,7 +43,7 @@ class SliceLook:
     it once for thousands of slices; ``encoded`` is the writer's cache.
     """
 
-    __slots__ = ("args", "correlation_id", "encoded", "flow_ids", "name", "timed")
+    __slots__ = ("args", "callstack", "correlation_id", "encoded", "flow_ids", "name", "timed")
 
     def __init__(
         self,
@@ -52,7 +52,9 @@ class SliceLook:
         flow_ids: tuple[int, ...] = (),
         correlation_id: int | None = None,
         timed: bool = True,
+        callstack: tuple[Frame, ...] = (),
     ) -> None:
+        self.callstack = callstack  # frames innermost first, shown as the event's callstack
         self.name = name
         self.args = args
         self.flow_ids = flow_ids
@@ -208,6 +210,8 @@ class Highlights:
     # (rank, op key) -> a rank's part in an op it is blocked in or queued in, not being its culprit
     roles: dict[tuple[int, int], str] = field(default_factory=dict)
     clock_offsets: dict[int, int] = field(default_factory=dict)  # rank -> ns its clock runs ahead (subtracted)
+    # rank -> instants of what was found beside the dumps: its stack snapshot, its log events
+    rank_notes: dict[int, list[Slice]] = field(default_factory=dict)
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
@@ -338,7 +342,12 @@ def rank_timeline(
                 item.start -= offset
                 if item.end is not None:
                     item.end -= offset
+    notes = [replace(n, start=n.start - offset) for n in highlights.rank_notes.get(rank, ())]
     tracks = [process]
+    if notes:
+        what = "where the rank's threads were (stack snapshot) and what its log says"
+        tracks.append(Track(process_uuid + 1, "stack & logs", parent=process_uuid, order=-1, slices=notes,
+                            description=what))  # fmt: skip
     for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
         group_uuid = process_uuid + len(tracks)
         lanes = assign_lanes(slices)
@@ -627,3 +636,43 @@ def _one_lane(slices: list[Slice]) -> bool:
             return False
         lane_end = item.end if item.end is not None else item.start
     return True
+
+
+NOTE_WINDOW_NS = 86_400_000_000_000  # a log or snapshot time further than this from the dumps' is not trusted
+LOG_LABELS = {
+    "watchdog_timeout": "WATCHDOG TIMEOUT", "watchdog_stuck": "WATCHDOG STUCK", "nccl_error": "NCCL ERROR",
+    "cuda_error": "CUDA ERROR", "exception": "EXCEPTION", "child_failed": "FAILED",
+}  # fmt: skip
+
+
+def rank_notes(job: Job, span: TimeSpan) -> dict[int, list[Slice]]:
+    """Per rank, instants for its stack snapshot ("stuck in train_step (train.py:140)", with the whole
+    stack as its callstack) and its log events, at their times, or at the end of the timeline where
+    the text gives no time (or one a day away from the dumps'), said so in the args."""
+    from .stacks import main_thread, where
+
+    notes: dict[int, list[Slice]] = {}
+
+    def place(when: int | None) -> tuple[int, tuple[tuple[str, ArgValue], ...]]:
+        if when is not None and span.start - NOTE_WINDOW_NS < when < span.end + NOTE_WINDOW_NS:
+            return when, ()
+        return span.end - 1, (("time", "not known from the text: placed at the end of the timeline"),)
+
+    for rank, snapshot in job.stacks.items():
+        thread = main_thread(snapshot)
+        if thread is None:
+            continue
+        frame, in_collective = where(thread)
+        at, timing = place(snapshot.time_ns)
+        name = f"{'in a collective, ' if in_collective else 'stuck '}in {frame.name} " \
+               f"({os.path.basename(frame.filename)}:{frame.line})"  # fmt: skip
+        args = (("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)), *timing)
+        notes.setdefault(rank, []).append(Slice(at, None, SliceLook("⌖ " + name, args, callstack=thread.frames)))
+    for event in job.log_events:
+        at, timing = place(event.time_ns)
+        args = (("line", event.line), ("source", event.source), *sorted(event.details.items()), *timing)
+        look = SliceLook(f"✗ {LOG_LABELS.get(event.kind, event.kind)}: {event.line[:100]}", args)
+        notes.setdefault(event.rank, []).append(Slice(at, None, look))
+    for items in notes.values():
+        items.sort(key=lambda s: s.start)
+    return notes

@@ -24,25 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66r2perfetto_report.proto\x12\x15\x66r2perfetto.report.v1\"\x86\x02\n\x06Report\x12\x16\n\x0eschema_version\x18\x01 \x01(\t\x12\x14\n\x0ctool_version\x18\x02 \x01(\t\x12/\n\x07verdict\x18\x03 \x01(\x0b\x32\x1e.fr2perfetto.report.v1.Verdict\x12\x30\n\x08\x66indings\x18\x04 \x03(\x0b\x32\x1e.fr2perfetto.report.v1.Finding\x12.\n\x03job\x18\x05 \x01(\x0b\x32!.fr2perfetto.report.v1.JobSummary\x12;\n\x0einput_problems\x18\x06 \x03(\x0b\x32#.fr2perfetto.report.v1.InputProblem\"e\n\x07Verdict\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rculprit_ranks\x18\x02 \x03(\x05\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x10\n\x08\x65vidence\x18\x05 \x03(\t\"4\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x65sc\x18\x02 \x01(\t\x12\x0f\n\x07members\x18\x03 \x03(\x05\"5\n\x05\x46rame\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xed\x01\n\x07\x46inding\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12+\n\x05group\x18\x02 \x01(\x0b\x32\x1c.fr2perfetto.report.v1.Group\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12\n\n\x02op\x18\x04 \x01(\t\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x15\n\rculprit_ranks\x18\x06 \x03(\x05\x12\x10\n\x08\x65vidence\x18\x07 \x03(\t\x12\x34\n\x0e\x63ulprit_frames\x18\x08 \x03(\x0b\x32\x1c.fr2perfetto.report.v1.Frame\x12\x0f\n\x07summary\x18\t \x01(\t\x12\x0f\n\x07time_ns\x18\n \x01(\x03\"\x93\x01\n\nJobSummary\x12\r\n\x05ranks\x18\x01 \x01(\x05\x12\x17\n\x0franks_with_dump\x18\x02 \x03(\x05\x12\x15\n\rmissing_ranks\x18\x03 \x03(\x05\x12\x0e\n\x06groups\x18\x04 \x01(\x05\x12\x0b\n\x03ops\x18\x05 \x01(\x05\x12\x15\n\rdump_versions\x18\x06 \x03(\t\x12\x12\n\nhas_timing\x18\x07 \x01(\x08\";\n\x0cInputProblem\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66\x61tal\x18\x03 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66r2perfetto_report.proto\x12\x15\x66r2perfetto.report.v1\"\xed\x02\n\x06Report\x12\x16\n\x0eschema_version\x18\x01 \x01(\t\x12\x14\n\x0ctool_version\x18\x02 \x01(\t\x12/\n\x07verdict\x18\x03 \x01(\x0b\x32\x1e.fr2perfetto.report.v1.Verdict\x12\x30\n\x08\x66indings\x18\x04 \x03(\x0b\x32\x1e.fr2perfetto.report.v1.Finding\x12.\n\x03job\x18\x05 \x01(\x0b\x32!.fr2perfetto.report.v1.JobSummary\x12;\n\x0einput_problems\x18\x06 \x03(\x0b\x32#.fr2perfetto.report.v1.InputProblem\x12\x30\n\x06stacks\x18\x07 \x03(\x0b\x32 .fr2perfetto.report.v1.RankStack\x12\x33\n\nlog_events\x18\x08 \x03(\x0b\x32\x1f.fr2perfetto.report.v1.LogEvent\"\xbc\x01\n\tRankStack\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0f\n\x07time_ns\x18\x02 \x01(\x03\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06thread\x18\x04 \x01(\t\x12+\n\x05where\x18\x05 \x01(\x0b\x32\x1c.fr2perfetto.report.v1.Frame\x12\x15\n\rin_collective\x18\x06 \x01(\x08\x12,\n\x06\x66rames\x18\x07 \x03(\x0b\x32\x1c.fr2perfetto.report.v1.Frame\"\xc4\x01\n\x08LogEvent\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0f\n\x07time_ns\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04line\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12=\n\x07\x64\x65tails\x18\x06 \x03(\x0b\x32,.fr2perfetto.report.v1.LogEvent.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"e\n\x07Verdict\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rculprit_ranks\x18\x02 \x03(\x05\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x10\n\x08\x65vidence\x18\x05 \x03(\t\"4\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x65sc\x18\x02 \x01(\t\x12\x0f\n\x07members\x18\x03 \x03(\x05\"5\n\x05\x46rame\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\x05\"\xed\x01\n\x07\x46inding\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12+\n\x05group\x18\x02 \x01(\x0b\x32\x1c.fr2perfetto.report.v1.Group\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12\n\n\x02op\x18\x04 \x01(\t\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x15\n\rculprit_ranks\x18\x06 \x03(\x05\x12\x10\n\x08\x65vidence\x18\x07 \x03(\t\x12\x34\n\x0e\x63ulprit_frames\x18\x08 \x03(\x0b\x32\x1c.fr2perfetto.report.v1.Frame\x12\x0f\n\x07summary\x18\t \x01(\t\x12\x0f\n\x07time_ns\x18\n \x01(\x03\"\x93\x01\n\nJobSummary\x12\r\n\x05ranks\x18\x01 \x01(\x05\x12\x17\n\x0franks_with_dump\x18\x02 \x03(\x05\x12\x15\n\rmissing_ranks\x18\x03 \x03(\x05\x12\x0e\n\x06groups\x18\x04 \x01(\x05\x12\x0b\n\x03ops\x18\x05 \x01(\x05\x12\x15\n\rdump_versions\x18\x06 \x03(\t\x12\x12\n\nhas_timing\x18\x07 \x01(\x08\";\n\x0cInputProblem\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66\x61tal\x18\x03 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fr2perfetto_report_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_LOGEVENT_DETAILSENTRY']._loaded_options = None
+  _globals['_LOGEVENT_DETAILSENTRY']._serialized_options = b'8\001'
   _globals['_REPORT']._serialized_start=52
-  _globals['_REPORT']._serialized_end=314
-  _globals['_VERDICT']._serialized_start=316
-  _globals['_VERDICT']._serialized_end=417
-  _globals['_GROUP']._serialized_start=419
-  _globals['_GROUP']._serialized_end=471
-  _globals['_FRAME']._serialized_start=473
-  _globals['_FRAME']._serialized_end=526
-  _globals['_FINDING']._serialized_start=529
-  _globals['_FINDING']._serialized_end=766
-  _globals['_JOBSUMMARY']._serialized_start=769
-  _globals['_JOBSUMMARY']._serialized_end=916
-  _globals['_INPUTPROBLEM']._serialized_start=918
-  _globals['_INPUTPROBLEM']._serialized_end=977
+  _globals['_REPORT']._serialized_end=417
+  _globals['_RANKSTACK']._serialized_start=420
+  _globals['_RANKSTACK']._serialized_end=608
+  _globals['_LOGEVENT']._serialized_start=611
+  _globals['_LOGEVENT']._serialized_end=807
+  _globals['_LOGEVENT_DETAILSENTRY']._serialized_start=761
+  _globals['_LOGEVENT_DETAILSENTRY']._serialized_end=807
+  _globals['_VERDICT']._serialized_start=809
+  _globals['_VERDICT']._serialized_end=910
+  _globals['_GROUP']._serialized_start=912
+  _globals['_GROUP']._serialized_end=964
+  _globals['_FRAME']._serialized_start=966
+  _globals['_FRAME']._serialized_end=1019
+  _globals['_FINDING']._serialized_start=1022
+  _globals['_FINDING']._serialized_end=1259
+  _globals['_JOBSUMMARY']._serialized_start=1262
+  _globals['_JOBSUMMARY']._serialized_end=1409
+  _globals['_INPUTPROBLEM']._serialized_start=1411
+  _globals['_INPUTPROBLEM']._serialized_end=1470
 # @@protoc_insertion_point(module_scope)

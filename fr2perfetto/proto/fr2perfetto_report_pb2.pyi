@@ -7,20 +7,65 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Report(_message.Message):
-    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems")
+    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems", "stacks", "log_events")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     INPUT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    LOG_EVENTS_FIELD_NUMBER: _ClassVar[int]
     schema_version: str
     tool_version: str
     verdict: Verdict
     findings: _containers.RepeatedCompositeFieldContainer[Finding]
     job: JobSummary
     input_problems: _containers.RepeatedCompositeFieldContainer[InputProblem]
-    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ...) -> None: ...
+    stacks: _containers.RepeatedCompositeFieldContainer[RankStack]
+    log_events: _containers.RepeatedCompositeFieldContainer[LogEvent]
+    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., log_events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ...) -> None: ...
+
+class RankStack(_message.Message):
+    __slots__ = ("rank", "time_ns", "source", "thread", "where", "in_collective", "frames")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    THREAD_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    IN_COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    time_ns: int
+    source: str
+    thread: str
+    where: Frame
+    in_collective: bool
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, rank: _Optional[int] = ..., time_ns: _Optional[int] = ..., source: _Optional[str] = ..., thread: _Optional[str] = ..., where: _Optional[_Union[Frame, _Mapping]] = ..., in_collective: _Optional[bool] = ..., frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
+class LogEvent(_message.Message):
+    __slots__ = ("rank", "time_ns", "kind", "line", "source", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    time_ns: int
+    kind: str
+    line: str
+    source: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, rank: _Optional[int] = ..., time_ns: _Optional[int] = ..., kind: _Optional[str] = ..., line: _Optional[str] = ..., source: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("status", "culprit_ranks", "category", "summary", "evidence")

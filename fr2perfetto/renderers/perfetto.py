@@ -16,7 +16,7 @@ from typing import IO, NamedTuple, TypeVar
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ..model import Entry
+from ..model import Entry, Frame
 from ..speedups import SPEEDUPS as _speedups
 from ..timeline import ArgValue, Slice, SliceLook, Track, thread_label
 from .wire import Field, varint
@@ -60,6 +60,22 @@ _LENGTHS = [varint(n) for n in range(16384)]  # a slice packet's length is alway
 _NINE_BYTES = 1 << 56  # the smallest number whose varint takes nine bytes
 _TRACE_PACKET_TAG, _TRACK_EVENT_TAG = _TRACE_PACKET.tag, _TRACK_EVENT.tag
 _FLOW_TAG, _CORRELATION_TAG = _FLOW.tag, _CORRELATION.tag
+_CALLSTACK = Field(_E, "callstack")
+_INLINE = pb.TrackEvent.InlineCallstack.DESCRIPTOR
+_CALL_FRAME = Field(_INLINE, "frames")
+_FRAME_FIELDS = _INLINE.fields_by_name["frames"].message_type
+_FUNCTION, _SOURCE, _LINE = (Field(_FRAME_FIELDS, n) for n in ("function_name", "source_file", "line_number"))
+
+
+def _callstack(frames: tuple[Frame, ...]) -> bytes:
+    """An inline callstack (``TrackEvent.callstack``), outermost frame first as the UI lists them."""
+    body = b"".join(
+        _CALL_FRAME.bytes(_FUNCTION.bytes(f.name.encode()) + _SOURCE.bytes(f.filename.encode()) + _LINE.int(f.line))
+        for f in reversed(frames)
+    )
+    return _CALLSTACK.bytes(body)
+
+
 _pack_u64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 _K = TypeVar("_K")
@@ -210,6 +226,8 @@ class PerfettoWriter:
             parts += [_FLOW_TAG + _pack_u64(flow) for flow in look.flow_ids]
             if look.correlation_id is not None:
                 parts.append(_CORRELATION_TAG + varint(look.correlation_id))
+            if look.callstack:
+                parts.append(_callstack(look.callstack))
             self.stats.flow_ids.update(look.flow_ids)
             encoded = look.encoded = (self._token, b"".join(parts))
         return encoded[1]

@@ -32,6 +32,10 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
         f"{len(job.dumps)} dumps read, {len(job.ranks)} ranks, {len(job.groups)} groups, {op_count} ops"
         + (f"; no dump from {'rank' if len(missing) == 1 else 'ranks'} {ranks_label(missing)}" if missing else "")
     )
+    if diagnosis.notes:
+        console.print(Text("From the logs:", style="bold"))
+        for line in diagnosis.notes:
+            console.print(Text("  • " + line))
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS_SHOWN], start=1):
         _finding(console, number, finding)
     hidden = len(diagnosis.findings) - MAX_FINDINGS_SHOWN

@@ -1,0 +1,162 @@
+"""Read a job's logs for the lines that say what went wrong on which rank.
+
+Recognised, in the words PyTorch writes them (the file that writes each is named):
+
+- the watchdog's timeout, ``[Rank 3] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600029
+  milliseconds before timing out.`` (``ProcessGroupNCCL.cpp``, ``WorkNCCL::checkTimeout``);
+- the heartbeat monitor: ``Heartbeat monitor timed out!`` and ``watchdog got stuck for 480 seconds``
+  (``ProcessGroupNCCL.cpp``, ``HeartbeatMonitor::runLoop``);
+- NCCL errors: ``NCCL error in: ...``, ``ncclRemoteError``, ``ncclSystemError``, ``unhandled cuda error``
+  (``NCCLUtils.hpp``, ``C10D_NCCL_CHECK``, and NCCL's own result names);
+- CUDA errors: ``CUDA error: an illegal memory access was encountered`` (``c10/cuda/CUDAException.h``);
+- Python tracebacks: the exception line that ends one, with its innermost frame;
+- torchrun's ``ChildFailedError`` table: each failed rank with its exit code or signal
+  (``torch/distributed/elastic/multiprocessing/errors/__init__.py``).
+
+A line's rank comes from its prefix (``[rank3]:``, ``[Rank 3]``, torchrun's ``[default3]:``), else from
+the file (torchrun's ``<log_dir>/.../attempt_0/<rank>/stderr.log``, a name with ``rank_3``); its time
+from glog's ``E0810 03:04:11.061`` (the year from ``year_of``) or an ISO time, read as local time, else
+none. Anything else is ignored: a log line never stops a command.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+
+from .model import (
+    LOG_CHILD_FAILED,
+    LOG_CUDA_ERROR,
+    LOG_EXCEPTION,
+    LOG_NCCL_ERROR,
+    LOG_WATCHDOG_STUCK,
+    LOG_WATCHDOG_TIMEOUT,
+    LogEvent,
+)
+from .text import safe_text
+
+MAX_EVENTS_PER_KIND = 20  # of one rank
+MAX_LINE = 400
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:|\[Rank (\d+)\]|\[PG ID \d+ PG GUID \S+ Rank (\d+)\]")
+_GLOG_TIME = re.compile(r"\[?[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
+_ISO_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?")
+_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+    r"(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+)
+_STUCK = re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d+) seconds")
+_NCCL = re.compile(
+    r"NCCL error|nccl(?:Remote|System|Internal|InvalidUsage|InvalidArgument|UnhandledCuda)Error|"
+    r"unhandled cuda error|unhandled system error|remote process exited or there was a network error",
+    re.IGNORECASE,
+)
+_CUDA = re.compile(r"CUDA error: (.+)")
+_TRACEBACK = "Traceback (most recent call last):"
+_PY_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.+)$')
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning)|KeyboardInterrupt)(:.*)?$"
+)
+_CHILD_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_CHILD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_CHILD_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
+_CHILD_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")
+_LOG_DIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stderr|stdout|error)")
+_NAME_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def rank_of_file(path: str) -> int | None:
+    """The rank a whole log file is of, where its path says (None: a combined log)."""
+    found = _LOG_DIR_RANK.search(path.replace("!", "/"))
+    if found:
+        return int(found.group(1))
+    found = _NAME_RANK.search(os.path.basename(path))
+    return int(found.group(1)) if found else None
+
+
+def parse_log(text: str, source: str, year_of: int | None = None) -> list[LogEvent]:
+    """The events of one log file (``year_of``: the year of glog's times, which carry none)."""
+    file_rank = rank_of_file(source)
+    year = year_of or datetime.datetime.now().year
+    events: list[LogEvent] = []
+    counts: dict[tuple[int, str], int] = {}
+    traceback: dict[int | None, tuple[int, str | None]] = {}  # rank -> (start line, innermost frame)
+    child: dict[str, str] = {}
+
+    def add(rank: int | None, kind: str, line: str, number: int, when: int | None, **details: str) -> None:
+        if rank is None or not 0 <= rank < 1 << 24:
+            return
+        key = (rank, kind)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= MAX_EVENTS_PER_KIND:
+            text_line = safe_text(line.strip())[:MAX_LINE]
+            events.append(LogEvent(rank, when, kind, text_line, f"{source}:{number}", details))
+
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        prefix = _RANK_PREFIX.search(line)
+        rank = next((int(g) for g in prefix.groups() if g), None) if prefix else file_rank
+        body = line[prefix.end() :] if prefix and prefix.start() == 0 else line
+        when = _time(line, year)
+        if match := _TIMEOUT.search(line):
+            seq, op, numel_in, numel_out, timeout, ran = match.groups()
+            add(rank, LOG_WATCHDOG_TIMEOUT, body, number, when, seq=seq, op=op, timeout_ms=timeout, ran_ms=ran,
+                numel_in=numel_in or "", numel_out=numel_out or "")  # fmt: skip
+        elif _STUCK.search(line):
+            add(rank, LOG_WATCHDOG_STUCK, body, number, when)
+        elif match := _CUDA.search(line):
+            add(rank, LOG_CUDA_ERROR, body, number, when, error=match.group(1)[:200])
+        elif _NCCL.search(line):
+            add(rank, LOG_NCCL_ERROR, body, number, when)
+        stripped = body.strip()
+        if stripped == _TRACEBACK:
+            traceback[rank] = (number, None)
+        elif rank in traceback and (frame := _PY_FRAME.match(stripped)):
+            traceback[rank] = (traceback[rank][0], f"{frame.group(3)} ({frame.group(1)}:{frame.group(2)})")
+        elif rank in traceback and _EXCEPTION.match(stripped):
+            _, innermost = traceback.pop(rank)
+            add(rank, LOG_EXCEPTION, stripped, number, when, where=innermost or "")
+        failed = _child_failure(stripped, child, year)
+        if failed is not None:
+            failed_rank, what, failed_at, code = failed
+            add(failed_rank, LOG_CHILD_FAILED, what, number, failed_at, exitcode=code)
+    return events
+
+
+def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, str, int | None, str] | None:
+    """torchrun's failure table: ``time``, ``rank``, ``exitcode``, then ``traceback`` (the last field);
+    at the last: (rank, what happened, when, exit code)."""
+    if match := _CHILD_TIME.match(line):
+        child.clear()
+        child["time"] = match.group(1)
+    elif match := _CHILD_RANK.match(line):
+        child["rank"] = match.group(1)
+    elif match := _CHILD_EXIT.match(line):
+        child["exitcode"] = match.group(1)
+    elif (match := _CHILD_TRACE.match(line)) and "rank" in child and "exitcode" in child:
+        code = int(child["exitcode"])
+        signal = re.search(r"Signal (\d+) \((\w+)\)", match.group(1))
+        how = f"killed by {signal.group(2)}" if signal else f"exit code {code}"
+        when = _time(child.get("time", "").replace("_", " "), year)
+        failed = (int(child["rank"]), f"rank {child['rank']} failed ({how}) [torchrun]", when, str(code))
+        child.clear()
+        return failed
+    return None
+
+
+def _time(line: str, year: int) -> int | None:
+    try:
+        if match := _ISO_TIME.search(line):
+            y, mo, d, h, mi, s, frac = match.groups()
+            moment = datetime.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s))
+        elif match := _GLOG_TIME.search(line):
+            mo, d, h, mi, s, frac = match.groups()
+            moment = datetime.datetime(year, int(mo), int(d), int(h), int(mi), int(s))
+        else:
+            return None
+    except ValueError:
+        return None
+    nanos = int((frac or "0").ljust(9, "0")[:9])
+    return int(moment.timestamp()) * 1_000_000_000 + nanos  # local time, as logs are written
