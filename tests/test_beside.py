@@ -276,3 +276,26 @@ def test_a_real_job_launched_by_torchrun_with_its_logs(tmp_path: Path):
                for line in finding["evidence"])  # fmt: skip
     kinds = {(e.get("rank", 0), e["kind"]) for e in report["log_events"]}
     assert (1, "exception") in kinds and (1, "child_failed") in kinds
+
+
+def test_every_log_line_kind_is_recognised_and_nothing_else():
+    from fr2perfetto.logs import parse_log
+
+    # formats from ProcessGroupNCCL.cpp (HeartbeatMonitor), NCCLUtils.hpp (C10D_NCCL_CHECK) and NCCL's results
+    text = """\
+[rank2]:[E1203 10:00:01.000 ProcessGroupNCCL.cpp:1401] [PG ID 0 PG GUID 0(default_pg) Rank 2] Heartbeat monitor \
+timed out! Process will be terminated after dumping debug info. workMetaList_.size()=1
+[rank2]:[F1203 10:00:02.000 ProcessGroupNCCL.cpp:1420] [PG ID 0 PG GUID 0(default_pg) Rank 2] ProcessGroupNCCL's \
+watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.
+[rank6]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:2047, remote process exited \
+or there was a network error, NCCL version 2.27.5
+[rank6]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.
+2026-12-03 10:00:03,120 INFO nothing wrong here
+[rank9]: something ncclSystemError-looking but from an unknown rank beyond nothing\x00\xff
+"""
+    events = parse_log(text, "job.log", 2026)
+    got = [(e.rank, e.kind) for e in events]
+    assert got == [(2, "watchdog_stuck"), (2, "watchdog_stuck"), (6, "nccl_error"), (6, "nccl_error"),
+                   (9, "nccl_error")]  # fmt: skip
+    assert events[0].time_ns is not None and events[0].source == "job.log:1"
+    assert parse_log("\x00\x01 not a log \n" * 100, "x.log") == []
