@@ -103,8 +103,9 @@ def dump(folder: str | None = None, *, reason: str = "", ended: str = "running")
     with _lock:  # the request thread and the main thread may dump at once
         if ended == "running" and _state.get("ended"):
             return path  # a request served late never overwrites the dump of how the process ended
-        _write_atomically(path, data)
+        # how it ended first: whoever sees the new dump sees its .ended beside it
         _write_atomically(f"{path}.ended", f"{ended}\n".encode())
+        _write_atomically(path, data)
         if ended != "running":
             _state["ended"] = ended
     if reason:

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +28,7 @@ from .fold import parse_ranks, plan_view
 from .gcpause import gc_paused
 from .job import Job, load_job
 from .model import ranks_label
+from .renderers.markdown import render_markdown
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
 from .serve import UI_PORT, serve_once
@@ -218,15 +220,34 @@ def convert(
         _open(str(output), quiet, port)
 
 
-def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
+def _open(path: str, quiet: bool, port: int = UI_PORT, link_only: bool = False) -> None:
+    over_ssh = bool(os.environ.get("SSH_CONNECTION"))
+    # no display on Linux: a remote shell too, most likely, whatever the browser module tries
+    remote = over_ssh or (sys.platform.startswith("linux") and not os.environ.get("DISPLAY")
+                          and not os.environ.get("WAYLAND_DISPLAY"))  # fmt: skip
+
     def announce(link: str, opened: bool) -> None:
+        if link_only:
+            out.print(link, soft_wrap=True)
+            return
         if opened and not quiet:
             out.print("Opening the trace in your browser; serving it once from 127.0.0.1 (Ctrl-C stops).")
         elif not opened:
-            out.print(f"Open this link in a browser on this machine (Ctrl-C stops):\n{link}", soft_wrap=True)
+            served = link.split("127.0.0.1:", 1)[1].split("/", 1)[0] if "127.0.0.1:" in link else port
+            if remote:
+                out.print(
+                    f"This is a remote shell. On your own machine, forward the port first:\n"
+                    f"  ssh -L {served}:127.0.0.1:{served} {socket.gethostname()}",
+                    soft_wrap=True,
+                )
+            where = "there" if remote else "on this machine"
+            out.print(f"Open this link in a browser {where} (Ctrl-C stops):\n{link}", soft_wrap=True)
 
     try:
-        fetched = serve_once(path, port=port, announce=announce)
+        fetched = serve_once(path, port=port, announce=announce, serve=not link_only,
+                             open_browser=(lambda _: False) if (link_only or over_ssh) else None)  # fmt: skip
+        if link_only:
+            return
     except OSError as error:
         _error(f"cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
@@ -241,12 +262,43 @@ def open_command(
         int, typer.Option("--port", min=0, max=65535, help="Local port (the UI fetches from 9001).")
     ] = UI_PORT,
     quiet: Quiet = False,
+    link_only: Annotated[bool, typer.Option("--link-only", help="Print the link and serve nothing.")] = False,
 ) -> None:
-    """Open a trace in ui.perfetto.dev: serve it once from 127.0.0.1 and open the browser at it."""
+    """Open a trace in ui.perfetto.dev at its first problem: serve it once from 127.0.0.1 and open the
+    browser at it (over SSH: print the port forwarding to set up, and the link)."""
     if not trace.is_file():
         _error(f"{trace}: no such file")
         raise typer.Exit(EXIT_UNUSABLE)
-    _open(str(trace), quiet, port)
+    _open(str(trace), quiet, port, link_only)
+
+
+RIGHT_ALIGNED = {"rank", "entries", "size"}
+
+
+def _fitting_table(title: str, columns: list[str], rows: list[list[str | Text]], droppable: tuple[str, ...]) -> Table:
+    """A table that fits the terminal: cells wrap, headers never shrink below their text, and the
+    ``droppable`` columns are left out, in that order, while it would still be too wide (said in its
+    caption)."""
+    shown = list(columns)
+    for candidate in (None, *droppable):
+        if candidate in shown:
+            shown.remove(candidate)
+        table = Table(title=title, title_justify="left", caption_justify="left")
+        for column in shown:
+            justify = "right" if column in RIGHT_ALIGNED else "left"
+            table.add_column(column, justify=justify, min_width=len(column), overflow="fold")
+        for row in rows:
+            table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in shown))
+        # the width it takes unwrapped: each column's widest cell, a bar and two spaces between them
+        natural = 1 + sum(
+            3 + max([len(column)] + [len(str(row[columns.index(column)])) for row in rows]) for column in shown
+        )
+        if natural <= out.width:
+            break
+    left_out = [c for c in columns if c not in shown]
+    if left_out:
+        table.caption = f"left out to fit {out.width} columns: {', '.join(left_out)}"
+    return table
 
 
 @app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
@@ -263,35 +315,31 @@ def info(
         _keep_until_exit(job)
     all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
     day = _clock(min(all_times))[:10] if all_times else ""
-    ranks = Table(title=f"{len(job.dumps)} dumps, {len(job.ranks)} ranks {day}", title_justify="left")
     with_hosts = any(d.host for d in job.dumps.values())
     columns = ["rank", *(["host"] if with_hosts else []), "file", "version", "format", "backend", "entries",
-               "first op (UTC)", "last op (UTC)"]  # fmt: skip
-    for column in columns:
-        ranks.add_column(column, justify="right" if column in ("rank", "entries") else "left", no_wrap=True)
+               "first op", "last op"]  # fmt: skip
+    rows = []
     for rank in job.ranks:
         dump = job.dumps.get(rank)
         host = [dump.host or "" if dump else ""] if with_hosts else []
         if dump is None:
-            ranks.add_row(str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", "")
+            rows.append([str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", ""])
             continue
         backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
         times = [e.time_created_ns for e in dump.entries]
         first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
-        ranks.add_row(
-            str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
-            str(len(dump.entries)), first, last,
-        )  # fmt: skip
-    out.print(ranks)
-    groups = Table(title=f"{len(job.groups)} process groups", title_justify="left")
-    for column in ("group", "desc", "size", "members", "ranks with a dump"):
-        groups.add_column(column)
+        rows.append([str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
+                     str(len(dump.entries)), first, last])  # fmt: skip
+    title = f"{len(job.dumps)} dumps, {len(job.ranks)} ranks, {day} (times UTC)"
+    out.print(_fitting_table(title, columns, rows, droppable=("backend", "format", "version", "first op", "host")))
+    group_rows = []
     for group in job.groups:
         dumped = sum(1 for r in group.members if r in job.dumps)
-        groups.add_row(
-            group.name, group.desc, str(len(group.members)), group.members_label, f"{dumped}/{len(group.members)}"
+        group_rows.append(
+            [group.name, group.desc, str(len(group.members)), group.members_label, f"{dumped}/{len(group.members)}"]
         )
-    out.print(groups)
+    group_columns = ["group", "desc", "size", "members", "with a dump"]
+    out.print(_fitting_table(f"{len(job.groups)} process groups", group_columns, group_rows, droppable=("size",)))
     missing = job.missing_ranks
     out.print(f"Missing dumps: {'ranks ' + ranks_label(missing) if missing else 'none'}")
 
@@ -327,6 +375,13 @@ def analyze(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON (schema: proto/) and nothing else.")
     ] = False,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="text (for a terminal), markdown (to paste into an issue) or json (the same as --json).",
+        ),
+    ] = "text",
     redact: Redact = False,
     keep_names: KeepNames = False,
     jobs: Jobs = 0,
@@ -335,12 +390,21 @@ def analyze(
     logs: Logs = None,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
+    if output_format not in ("text", "markdown", "json"):
+        _error(f"--format: {output_format!r} is none of text, markdown, json")
+        raise typer.Exit(EXIT_UNUSABLE)
+    as_json = as_json or output_format == "json"
+    plain = as_json or output_format == "markdown"
     with gc_paused():
-        job = _load(inputs, jobs, quiet or as_json, redact, max_dump_mb, keep_names, logs)
+        job = _load(inputs, jobs, quiet or plain, redact, max_dump_mb, keep_names, logs)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
     diagnosis = analysis.diagnosis
-    if as_json:
+    if output_format == "markdown":
+        shown = ["<dumps>"] if redact else inputs
+        command = " ".join(["fr2perfetto analyze", *shown, "--format markdown", *(["--redact"] if redact else [])])
+        sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command))
+    elif as_json:
         sys.stdout.write(report_json(build_report(job, analysis.ops, diagnosis)) + "\n")
     elif not quiet:
         render_analysis(out, job, diagnosis, len(analysis.ops))

@@ -20,16 +20,18 @@ from typing import IO
 from .cleanup import partial_path
 from .diagnose import Diagnosis, diagnose
 from .files import expand_inputs
+from .focus import focus_of, metadata_packet
 from .fold import View, full_view
 from .gcpause import gc_paused
 from .job import Job
 from .match import match_ops
-from .model import OK, Entry, MatchedOp
+from .model import OK, Entry, Finding, MatchedOp
 from .output import atomic_output
 from .pools import process_pool
 from .renderers.chrome_json import ChromeJsonWriter
 from .renderers.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
 from .timeline import (
+    FINDINGS_UUID,
     Highlights,
     TimeSpan,
     Track,
@@ -88,6 +90,10 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
         if problem_times:
             # Open the UI on the last tenth of the job before the first problem.
             writer.range_of_interest(max(span.start, min(problem_times) - (span.end - span.start) // 10))
+        writer.explicit_process_order()
+        focus = _focus(analysis, offsets, span, [rep for rep, _ in view.processes], finding_tracks)
+        if focus is not None:
+            writer.metadata(metadata_packet(focus, SEQUENCE_ID))
         _write_tracks(writer, finding_tracks)
         if as_json or not _can_fork(jobs, len(view.processes)):
             _write_ranks(writer, scene, view.processes)
@@ -96,6 +102,37 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
             _write_ranks_in_parallel(writer, out, scene, jobs, folder)
         writer.finish()
     return writer.stats
+
+
+def _top_finding(analysis: Analysis) -> Finding | None:
+    verdict = analysis.diagnosis.verdict
+    return next((f for f in analysis.diagnosis.findings if verdict.summary.endswith(f.summary)), None)
+
+
+def _focus(
+    analysis: Analysis, offsets: dict[int, int], span: TimeSpan, drawn: list[int], finding_tracks: list[Track]
+) -> dict[str, object] | None:
+    """Where the UI should open (``focus.focus_of``): the verdict's finding's op on every rank that
+    took part in it, or should have, that finding's slice selected, the culprits pinned."""
+    diagnosis = analysis.diagnosis
+    finding = _top_finding(analysis)
+    if finding is None:
+        return None
+    window = []
+    for op in analysis.ops:
+        if op.op_key in finding.op_keys:
+            window += [parts[0].time_created_ns - offsets.get(rank, 0) for rank, parts in op.entries.items() if parts]
+            window += [op.first_time_ns] * bool(op.missing)  # where a rank's "never issued" is drawn
+    number = diagnosis.findings.index(finding) + 1
+    selected = next((t.slices[0] for t in finding_tracks if t.uuid == FINDINGS_UUID + number and t.slices), None)
+    if not window and selected is not None:
+        window = [selected.start]
+    # The first time drawn: no earlier than the first entry of a drawn rank, as drawn, or a finding.
+    firsts = [d.time_range[0] - offsets.get(r, 0) for r in drawn if (d := analysis.job.dumps.get(r)) and d.time_range]
+    firsts += [t.slices[0].start for t in finding_tracks if t.slices]
+    culprits = [f"rank {rank} · CULPRIT" for rank in diagnosis.verdict.culprit_ranks[:8]]
+    chosen = (selected.start, (selected.end or span.end) - selected.start) if selected is not None else None
+    return focus_of(window, chosen, (min(firsts, default=span.start), span.end), culprits)
 
 
 @dataclass(slots=True)

@@ -19,15 +19,18 @@ import urllib.parse
 import webbrowser
 from collections.abc import Callable
 
+from .focus import link_arguments, read_focus
+
 UI_ORIGIN = "https://ui.perfetto.dev"
 UI_PORT = 9001
 CONNECTION_SECONDS = 3.0  # how long one connection may take to send its request (and read the answer)
 
 
-def deep_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
-    """The UI address that makes it fetch the trace from this machine."""
+def deep_link(port: int, name: str, origin: str = UI_ORIGIN, focus: str = "") -> str:
+    """The UI address that makes it fetch the trace from this machine (``focus``: the window, the slice
+    to select and the startup commands, ``focus.link_arguments``)."""
     url = f"http://127.0.0.1:{port}/{urllib.parse.quote(name)}"
-    return f"{origin}/#!/?url={urllib.parse.quote(url, safe=':/')}&referrer=fr2perfetto"
+    return f"{origin}/#!/?url={urllib.parse.quote(url, safe=':/')}&referrer=fr2perfetto{focus}"
 
 
 class _OneTraceHandler(http.server.BaseHTTPRequestHandler):
@@ -85,20 +88,23 @@ def serve_once(
     origin: str = UI_ORIGIN,
     open_browser: Callable[[str], bool] | None = None,
     announce: Callable[[str, bool], None] = lambda link, opened: None,
+    serve: bool = True,
 ) -> bool:
     """Serve ``path`` until the UI fetched it once (True) or Ctrl-C (False).
 
     ``announce(link, opened)`` is told the deep link and whether a browser could be opened at it
-    (a remote shell has none: then the person opens the printed link).
+    (a remote shell has none: then the person opens the printed link); ``serve`` false: only that.
     """
     server = _OneTraceServer(path, port, origin)
     try:
-        link = deep_link(server.server_address[1], server.name, origin)
+        link = deep_link(server.server_address[1], server.name, origin, link_arguments(read_focus(path)))
         try:
             opened = bool((open_browser or webbrowser.open_new_tab)(link))
         except Exception:  # no browser is not an error: the link is printed
             opened = False
         announce(link, opened)
+        if not serve:
+            return False
         server.timeout = 0.5
         while not server.fetched:
             server.handle_request()

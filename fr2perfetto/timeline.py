@@ -212,6 +212,8 @@ class Highlights:
     clock_offsets: dict[int, int] = field(default_factory=dict)  # rank -> ns its clock runs ahead (subtracted)
     # rank -> instants of what was found beside the dumps: its stack snapshot, its log events
     rank_notes: dict[int, list[Slice]] = field(default_factory=dict)
+    # rank without a dump -> (when the others began to wait for it, in what)
+    no_dump_waits: dict[int, tuple[int, str]] = field(default_factory=dict)
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
@@ -291,10 +293,17 @@ def rank_timeline(
         if dump.host:
             labels.append(dump.host)
         labels.append(os.path.basename(dump.path))
+    # The UI shows a process's name (and pid), never its labels: what must be seen goes in the name.
+    name = f"rank {rank}" if len(stands_for) <= 1 else f"ranks {ranks_label(stands_for)} ({len(stands_for)})"
+    if culprit:
+        name += " · CULPRIT"
+    elif dump is None:
+        name += " · no dump"
     process = Track(
         uuid=process_uuid,
-        name=f"rank {rank}" if len(stands_for) <= 1 else f"ranks {ranks_label(stands_for)} ({len(stands_for)})",
+        name=name,
         pid=PID_BASE + rank,
+        order=rank,  # processes in rank order (a folded one by its first rank)
         labels=labels,
         description=f"dump {dump.path} (version {dump.version}, {dump.file_format})"
         if dump
@@ -344,9 +353,15 @@ def rank_timeline(
                     item.end -= offset
     notes = [replace(n, start=n.start - offset) for n in highlights.rank_notes.get(rank, ())]
     tracks = [process]
+    waited = highlights.no_dump_waits.get(rank) if dump is None else None
+    if waited is not None:  # a rank without a dump still shows, where the others wait for it
+        start, what = waited
+        look = SliceLook(f"no dump: the others wait for it in {what}", (("status", "this rank left no dump"),))
+        tracks.append(Track(process_uuid + len(tracks), "no dump", parent=process_uuid, order=-2,
+                            slices=[Slice(start, span.end, look)]))  # fmt: skip
     if notes:
         what = "where the rank's threads were (stack snapshot) and what its log says"
-        tracks.append(Track(process_uuid + 1, "stack & logs", parent=process_uuid, order=-1, slices=notes,
+        tracks.append(Track(process_uuid + len(tracks), "stack & logs", parent=process_uuid, order=-1, slices=notes,
                             description=what))  # fmt: skip
     for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
         group_uuid = process_uuid + len(tracks)
@@ -544,6 +559,10 @@ def findings_tracks(
         )
         for rank in finding.culprit_ranks:
             highlights.culprits.setdefault(rank, finding.kind)
+        if finding.kind == "no_dump" and finding.op and finding.group is not None:
+            what = f"{finding.op} #{finding.seq} of {finding.group.desc or 'pg ' + finding.group.name}"
+            for rank in finding.ranks:
+                highlights.no_dump_waits.setdefault(rank, (start, what))
     return tracks, highlights
 
 

@@ -1,8 +1,9 @@
 """Run real torch.distributed gloo jobs on 127.0.0.1 and save every rank's Flight Recorder dump.
 
 Each scenario is a small training-like program in which, at most, one thing goes wrong. Every rank
-ends by dumping its buffer with ``torch._C._distributed_c10d._dump_fr_trace()`` (pickle, the bytes
-PyTorch writes) or ``_dump_fr_trace_json()`` into ``<out>/gloo_trace_rank_<rank>[.json]``.
+ends by dumping its buffer with ``torch._C._distributed_c10d._dump_fr_trace()`` (pickle) or
+``_dump_fr_trace_json()`` into ``<out>/gloo_trace_rank_<rank>[.json]``: PyTorch's data, with the paths
+of the machine that ran it in stack frames made neutral (``_portable``) and written again as such.
 
     python samples/gloo_jobs.py OUT_DIR SCENARIO [SCENARIO ...]
 
@@ -258,9 +259,9 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out_dir: str) ->
             return
         groups["dumped"] = True
         if scenario in JSON_ODD_RANKS and rank % 2:
-            data, name = c10d._dump_fr_trace_json(), f"gloo_trace_rank_{rank}.json"
+            data, name = _portable(c10d._dump_fr_trace_json(), True), f"gloo_trace_rank_{rank}.json"
         else:
-            data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
+            data, name = _portable(c10d._dump_fr_trace(), False), f"gloo_trace_rank_{rank}"
         partial = os.path.join(out_dir, name + ".partial")
         with open(partial, "wb") as f:
             f.write(data)
@@ -271,6 +272,35 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out_dir: str) ->
     dump()
     sys.stdout.flush()
     os._exit(0)  # skip destroy_process_group: peers may already be gone
+
+
+def _portable(data: bytes, as_json: bool) -> bytes:
+    """The dump with the paths of this machine in its stack frames made neutral (``/opt/venv/...`` for
+    the interpreter's packages, ``/usr/lib/python3.11/...`` for its standard library, ``/job/...`` for
+    this checkout): the same data, written again by the
+    same kind of writer (pickle protocol 2, or JSON), so that no sample carries where it was made."""
+    import json
+    import pickle
+    import sysconfig
+
+    packages, stdlib = sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = json.loads(data) if as_json else pickle.loads(data)  # our own job's dump: plain data
+
+    def neutral(path: str) -> str:
+        if path.startswith(packages):
+            return "/opt/venv/lib/python3.11/site-packages" + path[len(packages) :]
+        if path.startswith(here):
+            return "/job" + path[len(here) :]
+        if path.startswith(stdlib):
+            return "/usr/lib/python3.11" + path[len(stdlib) :]
+        return path
+
+    for entry in doc.get("entries", []):
+        for frame in entry.get("frames") or []:
+            if isinstance(frame, dict) and isinstance(frame.get("filename"), str):
+                frame["filename"] = neutral(frame["filename"])
+    return json.dumps(doc).encode() if as_json else pickle.dumps(doc, protocol=2)
 
 
 def run_scenario(scenario: str, out_dir: str) -> list[str]:

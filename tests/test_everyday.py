@@ -80,7 +80,14 @@ def test_chrome_json_and_gzip_outputs(nccl_job, tmp_path: Path):
     assert doc == _chrome(tmp_path / "t.json.gz")
     events = doc["traceEvents"]
     names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
-    assert sorted(n for n in names if n.startswith("rank")) == [f"rank {r}" for r in range(8)]
+    # the culprit's role is in its name, which is what the UI shows
+    expected = {f"rank {r}" for r in range(8) if r != 5} | {"rank 5 · CULPRIT"}
+    assert {n for n in names if n.startswith("rank")} == expected
+    # the UI orders processes by sort index: ranks by number, Findings above them
+    order = {e["pid"]: e["args"]["sort_index"] for e in events if e["ph"] == "M" and e["name"] == "process_sort_index"}
+    by_pid = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    ranked = sorted(by_pid, key=lambda pid: order[pid])
+    assert [by_pid[pid].split(" · ")[0] for pid in ranked] == ["Findings"] + [f"rank {r}" for r in range(8)]
     assert "Findings" in names
     starts = [e for e in events if e["ph"] == "s"]
     finishes = [e for e in events if e["ph"] == "f"]

@@ -10,13 +10,18 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 @dataclass
 class TraceSummary:
-    processes: dict[int, str] = field(default_factory=dict)  # pid -> process name
+    # Processes and tracks are known by what names a rank ("rank 5" of the title "rank 5 · CULPRIT");
+    # ``titles`` keeps what the UI shows.
+    processes: dict[int, str] = field(default_factory=dict)  # pid -> process name (its rank part)
+    titles: dict[str, str] = field(default_factory=dict)  # process name -> its full title
     process_labels: dict[str, list[str]] = field(default_factory=dict)  # process name -> labels
     tracks: dict[int, tuple[str, int | None]] = field(default_factory=dict)  # uuid -> (name, parent)
     slices: dict[int, list[tuple[int, int, str, dict[str, object]]]] = field(default_factory=lambda: defaultdict(list))
     instants: dict[int, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     flows: Counter[int] = field(default_factory=Counter)
     slice_flows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (track, start) -> flow ids
+    process_order: dict[str, int] = field(default_factory=dict)  # process name -> its sibling_order_rank
+    explicit_process_order: bool = False  # the root descriptor (uuid 0) asks for it
     sequences: set[int] = field(default_factory=set)  # trusted packet sequence ids
 
     def process_of(self, uuid: int) -> str:
@@ -73,6 +78,10 @@ def read_trace(path: str) -> TraceSummary:
                 arg_names[item.iid] = item.name
             for item in packet.interned_data.debug_annotation_string_values:
                 strings[item.iid] = item.str.decode()
+        if packet.HasField("track_descriptor") and packet.track_descriptor.uuid == 0:
+            root = packet.track_descriptor
+            summary.explicit_process_order = root.process_ordering == pb.TrackDescriptor.PROCESS_ORDERING_EXPLICIT
+            continue
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
             assert desc.uuid not in summary.tracks, f"track {desc.uuid} described twice"
@@ -81,9 +90,13 @@ def read_trace(path: str) -> TraceSummary:
                 assert parent in summary.tracks, "child track described before its parent"
             name = desc.process.process_name if desc.HasField("process") else desc.name
             if desc.HasField("process"):
+                title, name = name, name.split(" · ")[0]
+                summary.titles[name] = title
                 assert desc.process.pid not in summary.processes, "two processes share a pid"
                 summary.processes[desc.process.pid] = name
                 summary.process_labels[name] = list(desc.process.process_labels)
+                if desc.HasField("sibling_order_rank"):
+                    summary.process_order[name] = desc.sibling_order_rank
             summary.tracks[desc.uuid] = (name, parent)
         if packet.HasField("track_event"):
             event = packet.track_event

@@ -45,13 +45,20 @@ class ChromeJsonWriter:
     def range_of_interest(self, start_ns: int) -> None:
         """Not expressible in this format."""
 
+    def metadata(self, packet: bytes) -> None:
+        """Perfetto's metadata has no place in this format: the link opens it whole."""
+
+    def explicit_process_order(self) -> None:
+        """Processes are ordered by their ``process_sort_index`` in this format: nothing to ask."""
+
     def track(self, track: Track) -> None:
         self.stats.tracks += 1
         if track.pid is not None or track.parent is None:  # a rank's process, or the Findings track
             pid = track.pid if track.pid is not None else FINDINGS_PID
             self._where[track.uuid] = (pid, 0)
             self._event({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": track.name}})
-            self._event({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+            order = track.order if track.pid is not None else -1
+            self._event({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": order}})
             if track.labels:
                 self._event(
                     {"ph": "M", "name": "process_labels", "pid": pid, "args": {"labels": ",".join(track.labels)}}

@@ -162,6 +162,19 @@ class PerfettoWriter:
     def _write(self, packet: bytes) -> None:
         self._out.write(_framed(packet))
 
+    def metadata(self, packet: bytes) -> None:
+        """Write a packet of metadata (the focus the link opens at) as it is."""
+        self._write(packet)
+
+    def explicit_process_order(self) -> None:
+        """Ask the UI to order processes by their ``sibling_order_rank`` (by rank), not by how many
+        slices they hold and their names as text (``rank 10`` before ``rank 2``): the root descriptor,
+        uuid 0, with ``process_ordering: EXPLICIT`` (Perfetto's importer, ``track_event_tracker.cc``)."""
+        packet = pb.TracePacket(trusted_packet_sequence_id=self._sequence_id)
+        packet.track_descriptor.uuid = 0
+        packet.track_descriptor.process_ordering = pb.TrackDescriptor.PROCESS_ORDERING_EXPLICIT
+        self._write(packet.SerializeToString())
+
     def range_of_interest(self, start_ns: int) -> None:
         """Ask the UI to open on the time from ``start_ns`` on (e.g. just before the hang)."""
         packet = pb.TracePacket(trusted_packet_sequence_id=self._sequence_id, timestamp=start_ns)
@@ -179,6 +192,7 @@ class PerfettoWriter:
             desc.process.pid = track.pid
             desc.process.process_name = track.name
             desc.process.process_labels.extend(track.labels)
+            desc.sibling_order_rank = track.order
             self.stats.processes += 1
         else:
             desc.name = track.name  # a global track (Findings) is shown above every process
