@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -23,14 +24,20 @@ from .cleanup import worker_processes
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In a worker: be killed when the parent dies; leave Ctrl-C to the parent, which kills us."""
+def _die_with_parent(parent: int) -> None:
+    """In a worker: be killed when the parent dies; leave Ctrl-C to the parent, which kills us.
+
+    The parent can die between our fork and this call, before it has even recorded us as one of its
+    workers (so ``cleanup.abandon`` does not know us either); the death signal only covers a death to
+    come, so a worker whose parent is already gone ends here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 @contextlib.contextmanager
@@ -39,7 +46,9 @@ def process_pool(
 ) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` whose workers are killed at once if the block is left by an exception
     (an interruption included), rather than waited for."""
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent)
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
+    )
 
     def processes_of() -> list[BaseProcess]:
         return list((getattr(pool, "_processes", None) or {}).values())
