@@ -11,11 +11,13 @@ builds the link from any trace it wrote, however long ago.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import urllib.parse
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 METADATA_NAME = "fr2perfetto.focus"
@@ -69,8 +71,6 @@ def metadata_packet(focus: dict[str, Any], sequence_id: int) -> bytes:
 def read_focus(path: str) -> dict[str, Any] | None:
     """The focus kept in a trace fr2perfetto wrote (None: none, or not such a trace), read from its
     first packets only."""
-    import gzip
-
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rb") as handle:
@@ -85,11 +85,23 @@ def read_focus(path: str) -> dict[str, Any] | None:
                 packet.ParseFromString(handle.read(size))
                 for entry in packet.chrome_events.metadata:
                     if entry.name == METADATA_NAME:
-                        value = json.loads(entry.string_value)
-                        return value if isinstance(value, dict) else None
-    except (OSError, ValueError, EOFError):
+                        return _checked(json.loads(entry.string_value))
+    except (OSError, ValueError, EOFError, DecodeError):
         return None
     return None
+
+
+def _checked(value: Any) -> dict[str, Any] | None:
+    """A focus as ``focus_of`` makes it, or None (a trace edited or made by something else)."""
+    if not isinstance(value, dict):
+        return None
+    times_ok = all(type(value.get(key)) is int for key in ("visStart", "visEnd"))
+    patterns_ok = all(isinstance(value.get(key), str) for key in ("pin", "expand"))
+    select = value.get("select")
+    select_ok = select is None or (
+        isinstance(select, dict) and all(type(select.get(key)) is int for key in ("ts", "dur"))
+    )
+    return value if times_ok and patterns_ok and select_ok else None
 
 
 def _varint(handle: Any) -> int | None:

@@ -140,6 +140,24 @@ def test_open_link_only_on_a_healthy_trace_has_no_focus(tmp_path: Path):
     assert code == 0 and "visStart" not in args and "startupCommands" not in args
 
 
+@pytest.mark.parametrize("damage", ["corrupt packet", "focus of the wrong shape"])
+def test_open_link_only_on_a_damaged_trace_opens_it_unframed(tmp_path: Path, damage: str):
+    from fr2perfetto.focus import METADATA_NAME, metadata_packet
+
+    if damage == "corrupt packet":  # a packet whose length runs past what it holds
+        data = b"\x0a\x05\x0a\x10abc"
+    else:
+        packet = metadata_packet({"visStart": "soon", "visEnd": [], "pin": 3, "expand": None}, 1)
+        assert METADATA_NAME.encode() in packet
+        data = b"\x0a" + bytes([len(packet)]) + packet
+    trace_path = tmp_path / "damaged.pftrace"
+    trace_path.write_bytes(data)
+    code, stdout, stderr = run_cli("open", str(trace_path), "--link-only")
+    args = _link_parts(stdout.strip())
+    assert code == 0 and "Traceback" not in stderr
+    assert args["url"].endswith("/damaged.pftrace") and "visStart" not in args and "startupCommands" not in args
+
+
 def test_open_over_ssh_prints_the_port_forwarding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     trace_path = tmp_path / "demo.pftrace"
     assert run_cli("convert", str(DEMO), "-o", str(trace_path), "-q")[0] == 0
