@@ -583,6 +583,11 @@ def verdict(findings: list[Finding], ops: list[MatchedOp], timed: bool = True) -
             culprits = tuple(dict.fromkeys(r for f in informational for r in f.culprit_ranks))
             return Verdict(HEALTHY, culprits, CATEGORY_STRAGGLER, f"{HEALTHY}: {top.summary}",
                            [f.summary for f in informational])  # fmt: skip
+        no_dump = [f for f in findings if f.kind == KIND_NO_DUMP]
+        if no_dump:  # a rank whose dump is lost, that no rank waits for: healthy as far as the dumps show
+            return Verdict(HEALTHY, (), CATEGORY_NONE,
+                           f"healthy: every op matched on every rank with a dump; {no_dump[0].summary}",
+                           [no_dump[0].summary])  # fmt: skip
         return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
     ranked = sorted(
         blaming,

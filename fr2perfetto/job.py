@@ -250,6 +250,7 @@ def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[Load
                                 fatal=False))  # fmt: skip
 
 
+DEFAULT_GROUP = "0"  # the name PyTorch gives the group init_process_group makes (the first one named)
 TEXT_LIMIT = 16 << 20  # bytes of a log or stack file read (its end)
 
 
@@ -347,6 +348,14 @@ def resolve_groups(
         configured[name].update(by_rank.values())
 
     from_entries = {name: tuple(sorted(ranks)) for name, ranks in used.items()}
+    # The default group is the world: ranks 0 to world size - 1, whether or not a rank's entries under it
+    # survive (gloo names it "0", its pg_config lists no ranks). So a gap in the ranks seen is a rank that
+    # left no dump; filled only while that is in proportion to the dumps read (a file named rank_9999999
+    # does not make ten million ranks).
+    if DEFAULT_GROUP in from_entries and DEFAULT_GROUP not in believed:
+        world = 1 + max(max(dumps), max(from_entries[DEFAULT_GROUP]))
+        if world <= 2 * len(dumps) + 8:
+            from_entries[DEFAULT_GROUP] = tuple(range(world))
 
     def members_for(rank: int, name: str) -> tuple[int, ...]:
         own = believed.get(name, {}).get(rank)

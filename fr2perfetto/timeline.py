@@ -353,12 +353,12 @@ def rank_timeline(
                     item.end -= offset
     notes = [replace(n, start=n.start - offset) for n in highlights.rank_notes.get(rank, ())]
     tracks = [process]
-    waited = highlights.no_dump_waits.get(rank) if dump is None else None
-    if waited is not None:  # a rank without a dump still shows, where the others wait for it
-        start, what = waited
-        look = SliceLook(f"no dump: the others wait for it in {what}", (("status", "this rank left no dump"),))
+    if dump is None:  # the UI shows only tracks with events: a rank without a dump shows through this one
+        start, what = highlights.no_dump_waits.get(rank, (span.start, ""))
+        title = f"no dump: the others wait for it in {what}" if what else "no dump from this rank"
+        look = SliceLook(title, (("status", "this rank left no dump"),))
         tracks.append(Track(process_uuid + len(tracks), "no dump", parent=process_uuid, order=-2,
-                            slices=[Slice(start, span.end, look)]))  # fmt: skip
+                            slices=[Slice(start, max(span.end, start + 1), look)]))  # fmt: skip
     if notes:
         what = "where the rank's threads were (stack snapshot) and what its log says"
         tracks.append(Track(process_uuid + len(tracks), "stack & logs", parent=process_uuid, order=-1, slices=notes,

@@ -76,6 +76,35 @@ def test_real_data_ops_record_what_makes_them_look_unequal(gloo_job):
     assert len(sizes) > 1
 
 
+def test_a_gloo_rank_whose_dump_is_lost_is_seen_from_the_gap_it_leaves(gloo_job, tmp_path: Path):
+    # gloo's pg_config lists no ranks: the default group, the world, runs from rank 0 to the largest seen
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for path in gloo_job("healthy").iterdir():
+        if not path.name.startswith("gloo_trace_rank_1"):
+            (dumps / path.name).write_bytes(path.read_bytes())
+    code, report = analyze_json(dumps)
+    assert report["verdict"]["status"] == "healthy" and code == 1
+    assert "rank 1 left no dump" in report["verdict"]["summary"]
+    assert [f["kind"] for f in report["findings"]] == ["no_dump"]
+    out = tmp_path / "t.pftrace"
+    assert run_cli("convert", str(dumps), "-o", str(out), "-q")[0] == 0
+    trace = read_trace(str(out))
+    assert trace.titles["rank 1"] == "rank 1 · no dump"
+    [track] = [u for u, (n, parent) in trace.tracks.items() if n == "no dump" and parent is not None]
+    assert trace.process_of(track) == "rank 1" and len(trace.slices[track]) == 1
+
+
+def test_a_lone_dump_with_a_huge_rank_makes_no_world_of_that_size(gloo_job, tmp_path: Path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    source = gloo_job("healthy") / "gloo_trace_rank_0"
+    (dumps / "gloo_trace_rank_0").write_bytes(source.read_bytes())
+    (dumps / "gloo_trace_rank_9999999").write_bytes(source.read_bytes())
+    code, stdout, _ = run_cli("info", str(dumps))
+    assert code == 0 and "2 dumps, 2 ranks" in stdout
+
+
 @pytest.mark.parametrize("scenario", list(NCCL))
 def test_nccl_layout_scenarios(nccl_job, scenario: str):
     check(nccl_job(scenario), NCCL[scenario])
