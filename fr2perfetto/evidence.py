@@ -86,11 +86,13 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
             if created[rank] < issued:
                 units[rank][unit] = (created[rank], waits)
     blocked_since = {}
+    unit_waits: dict[int, list[Wait]] = {}
     for rank, by_unit in units.items():
         issued, waits = min(by_unit.values(), key=lambda item: item[0])
         evidence.waits[rank] = _strongest(waits)
         blocked_since[rank] = issued
-    _held_elsewhere(evidence)
+        unit_waits[rank] = waits
+    _held_elsewhere(evidence, unit_waits)
     _find_queued(evidence, blocked_since)
     return evidence
 
@@ -116,17 +118,54 @@ def _strongest(waits: list[Wait]) -> Wait:
     return Wait(chosen[0].op, on, reason)
 
 
-def _held_elsewhere(evidence: Evidence) -> None:
-    """An op every member issued and none completed is a hang inside it only if it is every member's
-    first blocked op; members blocked in an earlier op of their own hold it (its kernel waits behind
-    theirs, whatever its state says without timing): the others wait for them."""
+def _held_elsewhere(evidence: Evidence, unit_waits: dict[int, list[Wait]]) -> None:
+    """An op every member issued and none completed is a hang inside it only if every member is stuck
+    in it: a member blocked in a unit of its own without it, or whose unit waits for something else
+    (a rank that never issued its part, a member held elsewhere in turn), holds it (its kernel waits
+    behind theirs, whatever its state says without timing): the others wait for that member.
+
+    ``unit_waits`` holds each rank's waits in its blocking unit (one op, or a whole batch): a batch is
+    held by any of its transfers, and a rank whose part is in a held batch holds its peers in turn
+    (rank 0's recv waits for rank 2's batch, which waits for rank 4, blocked in an op rank 5 never
+    issued). A hold never closes a loop of holds alone: two ranks stuck in one batch do not hold each
+    other through a third."""
     waits = evidence.waits
-    for rank, wait in list(waits.items()):
-        if wait.reason != WAIT_STUCK:
+    in_unit = {rank: {id(w.op) for w in unit} for rank, unit in unit_waits.items()}
+
+    def stuck_ops(rank: int) -> list[MatchedOp]:
+        return [w.op for w in unit_waits[rank] if w.reason == WAIT_STUCK]
+
+    def holds_back(start: int, target: int) -> bool:
+        """Whether holds alone lead from ``start`` to ``target``."""
+        seen, todo = {start}, [start]
+        while todo:
+            rank = todo.pop()
+            if rank == target:
+                return True
+            if waits[rank].reason == WAIT_HELD:
+                fresh = [r for r in waits[rank].on if r not in seen]
+                seen.update(fresh)
+                todo += fresh
+        return False
+
+    todo = sorted(rank for rank, wait in waits.items() if wait.reason == WAIT_STUCK)
+    while todo:
+        rank = todo.pop()
+        if waits[rank].reason != WAIT_STUCK:
             continue
-        held = tuple(r for r in wait.op.entries if r != rank and r in waits and waits[r].op is not wait.op)
-        if held:
-            waits[rank] = Wait(wait.op, held, WAIT_HELD)
+        for op in stuck_ops(rank):
+            others = [r for r in op.entries if r != rank and r in waits]
+            held = [
+                r for r in others
+                if id(op) not in in_unit[r]  # blocked in a unit of its own
+                or (waits[r].reason != WAIT_STUCK and (waits[r].reason != WAIT_HELD or not holds_back(r, rank)))
+            ]  # fmt: skip
+            if held:
+                waits[rank] = Wait(op, tuple(held), WAIT_HELD)
+                # the ranks stuck with it in its unit may now be held through it
+                todo += [r for o in stuck_ops(rank) for r in o.entries if r != rank and r in waits
+                         and waits[r].reason == WAIT_STUCK]  # fmt: skip
+                break
 
 
 def _start_events_recorded(job: Job) -> bool:
