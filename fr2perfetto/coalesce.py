@@ -194,6 +194,7 @@ def _renumber_collectives(
             for e in entries
         ]  # fmt: skip
         renumbered_ranks.setdefault(group, []).append(dump.rank)
+        dump.renumbered_groups.add(group)
 
 
 def _consumed_before_buffer(job: Job, dump: RankDump, group: str, seqs: list[int]) -> int:

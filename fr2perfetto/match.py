@@ -60,6 +60,8 @@ def match_ops(job: Job) -> list[MatchedOp]:
         p2p_entries = bucket(dump.entries, rank, named[rank], collectives, covered, _BUCKET_FIELDS)
         if p2p_entries:
             p2p_by_rank[rank] = p2p_entries
+            if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
+                _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
 
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
@@ -120,6 +122,35 @@ def _bucket_collectives(
         elif seq < span[0]:
             span[0] = seq
     return p2p_entries
+
+
+def _widen_by_p2p(
+    p2p_entries: list[Entry],
+    rank: int,
+    groups_by_name: dict[str, Group],
+    covered: dict[tuple[int, Group], list[int]],
+    renumbered: set[str],
+) -> None:
+    """Raise each (rank, group) span's last seq to what the rank's sends and recvs say of it.
+
+    A send or recv records its group's collective counter as it stands (in ``ProcessGroupNCCL.cpp``,
+    ``initWork`` records ``seqCollective_`` and ``seqP2P_`` on every entry, and ``pointToPoint`` bumps
+    only ``seqP2P_``): the rank had
+    issued that many collectives of the group when it sent. So a rank whose newest entry in a group is
+    a send with collective seq 0 never issued the group's collective #1, even where its ring buffer holds
+    no collective of the group to say so; and the collectives up to that seq are older than its buffer.
+    Not on a group whose collectives were renumbered (``renumbered``): its sends keep the old count.
+    """
+    for entry in p2p_entries:
+        group = groups_by_name.get(entry.group_name)
+        if group is None or entry.group_name in renumbered:
+            continue
+        seq = entry.collective_seq
+        span = covered.get((rank, group))
+        if span is None:
+            covered[(rank, group)] = [seq + 1, seq]  # none held: older than the buffer up to seq, never after
+        elif seq > span[1]:
+            span[1] = seq
 
 
 def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:

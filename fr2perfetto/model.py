@@ -135,6 +135,9 @@ class RankDump:
     # entries' times or groups must reset them.
     time_range: tuple[int, int] | None = None
     group_counts: dict[tuple[str, str], int] | None = None
+    # groups whose collectives' seqs were renumbered (batches of older PyTorch consumed seqs): there a
+    # send's or recv's collective seq is still on the old count
+    renumbered_groups: set[str] = field(default_factory=set)
 
     @property
     def has_timing(self) -> bool:
