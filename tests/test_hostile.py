@@ -277,7 +277,9 @@ def test_redact_leaves_no_name_from_the_dumps_in_any_output(tmp_path: Path):
         done, _ = _run(["convert", *inputs, "-o", str(tmp_path / name), "--redact"], False, tmp_path)
         assert done.returncode == 0, done.stderr
         outputs += [done.stdout, done.stderr, (tmp_path / name).read_bytes().decode("utf-8", "replace")]
-    for command in (["analyze", "--redact"], ["analyze", "--redact", "--json"], ["info", "--redact"]):
+    commands = (["analyze", "--redact"], ["analyze", "--redact", "--json"],
+                ["analyze", "--redact", "--format", "markdown"], ["info", "--redact"])  # fmt: skip
+    for command in commands:
         done, _ = _run([command[0], *inputs, *command[1:]], False, tmp_path)
         assert done.returncode in (0, 1) and done.stdout.strip(), done.stderr
         outputs += [done.stdout, done.stderr]
