@@ -279,22 +279,22 @@ def _fitting_table(title: str, columns: list[str], rows: list[list[str | Text]],
     """A table that fits the terminal: cells wrap, headers never shrink below their text, and the
     ``droppable`` columns are left out, in that order, while it would still be too wide (said in its
     caption)."""
+    # the width each column takes unwrapped: its widest cell, with a bar and two spaces beside it
+    widths = {
+        column: 3 + max([len(column)] + [len(str(row[index])) for row in rows]) for index, column in enumerate(columns)
+    }
     shown = list(columns)
-    for candidate in (None, *droppable):
+    for candidate in droppable:
+        if 1 + sum(widths[column] for column in shown) <= out.width:
+            break
         if candidate in shown:
             shown.remove(candidate)
-        table = Table(title=title, title_justify="left", caption_justify="left")
-        for column in shown:
-            justify = "right" if column in RIGHT_ALIGNED else "left"
-            table.add_column(column, justify=justify, min_width=len(column), overflow="fold")
-        for row in rows:
-            table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in shown))
-        # the width it takes unwrapped: each column's widest cell, a bar and two spaces between them
-        natural = 1 + sum(
-            3 + max([len(column)] + [len(str(row[columns.index(column)])) for row in rows]) for column in shown
-        )
-        if natural <= out.width:
-            break
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    for column in shown:
+        justify = "right" if column in RIGHT_ALIGNED else "left"
+        table.add_column(column, justify=justify, min_width=len(column), overflow="fold")
+    for row in rows:
+        table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in shown))
     left_out = [c for c in columns if c not in shown]
     if left_out:
         table.caption = f"left out to fit {out.width} columns: {', '.join(left_out)}"

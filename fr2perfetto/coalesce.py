@@ -43,7 +43,6 @@ def link_coalesced(job: Job) -> None:
     closing entries of p2p batches p2p, set aside groups the ring buffer cut, and renumber the
     collectives of ranks whose batches consumed collective seqs (each noted in ``job.problems``)."""
     ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
-    renumbered: dict[str, list[int]] = {}  # group -> ranks whose collective seqs on it were renumbered
     for dump in job.dumps.values():
         ops = set(map(_op_of, dump.entries))
         for op in ops - ends.keys():
@@ -52,7 +51,11 @@ def link_coalesced(job: Job) -> None:
             continue  # most ranks never coalesce: nothing to link
         burnt = _link_rank(dump, ends)
         if burnt:
-            _renumber_collectives(job, dump, burnt, renumbered)
+            _renumber_collectives(job, dump, burnt)
+    renumbered: dict[str, list[int]] = {}  # group -> ranks whose collective seqs on it were renumbered
+    for dump in job.dumps.values():
+        for group in dump.renumbered_groups:
+            renumbered.setdefault(group, []).append(dump.rank)
     for group, ranks in renumbered.items():
         job.problems.append(
             LoadProblem(
@@ -155,10 +158,9 @@ def _consumed_seqs(
     return consumed
 
 
-def _renumber_collectives(
-    job: Job, dump: RankDump, consumed: dict[str, list[int]], renumbered_ranks: dict[str, list[int]]
-) -> None:
-    """Number this rank's collectives on each group as if its batches had consumed no seq.
+def _renumber_collectives(job: Job, dump: RankDump, consumed: dict[str, list[int]]) -> None:
+    """Number this rank's collectives on each group as if its batches had consumed no seq (each group
+    noted in ``dump.renumbered_groups``).
 
     Where every p2p op of the group is in a batch, each batch bumped seqP2P_ once as it bumped
     seqCollective_, so an entry's collective seq minus its p2p seq counts its collectives, however
@@ -193,8 +195,7 @@ def _renumber_collectives(
             else e
             for e in entries
         ]  # fmt: skip
-        renumbered_ranks.setdefault(group, []).append(dump.rank)
-        dump.renumbered_groups.add(group)
+        dump.renumbered_groups.append(group)
 
 
 def _consumed_before_buffer(job: Job, dump: RankDump, group: str, seqs: list[int]) -> int:

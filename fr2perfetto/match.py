@@ -129,17 +129,17 @@ def _widen_by_p2p(
     rank: int,
     groups_by_name: dict[str, Group],
     covered: dict[tuple[int, Group], list[int]],
-    renumbered: set[str],
+    renumbered: list[str],
 ) -> None:
     """Raise each (rank, group) span's last seq to what the rank's sends and recvs say of it.
 
     A send or recv records its group's collective counter as it stands (in ``ProcessGroupNCCL.cpp``,
     ``initWork`` records ``seqCollective_`` and ``seqP2P_`` on every entry, and ``pointToPoint`` bumps
-    only ``seqP2P_``): the rank had
-    issued that many collectives of the group when it sent. So a rank whose newest entry in a group is
-    a send with collective seq 0 never issued the group's collective #1, even where its ring buffer holds
-    no collective of the group to say so; and the collectives up to that seq are older than its buffer.
-    Not on a group whose collectives were renumbered (``renumbered``): its sends keep the old count.
+    only ``seqP2P_``): the rank had issued that many collectives of the group when it sent. So a rank
+    whose newest entry in a group is a send with collective seq 0 never issued the group's collective
+    #1, even where its ring buffer holds no collective of the group to say so; and the collectives up
+    to that seq are older than its buffer. Not on a group whose collectives were renumbered
+    (``renumbered``): its sends keep the old count.
     """
     for entry in p2p_entries:
         group = groups_by_name.get(entry.group_name)

@@ -137,7 +137,7 @@ class RankDump:
     group_counts: dict[tuple[str, str], int] | None = None
     # groups whose collectives' seqs were renumbered (batches of older PyTorch consumed seqs): there a
     # send's or recv's collective seq is still on the old count
-    renumbered_groups: set[str] = field(default_factory=set)
+    renumbered_groups: list[str] = field(default_factory=list)
 
     @property
     def has_timing(self) -> bool:
