@@ -1025,10 +1025,12 @@ finish:
 typedef struct {
     unsigned char *depth;
     long long *nodes;
+    Py_ssize_t *ident; /* a list's, dict's or set's own number (0: any other object) */
     Py_ssize_t len, cap;
 } ShapeStack;
 
 #define SHAPE_CAP (1LL << 62)
+#define GROWS_SHARED "corrupt pickle: a list or dict grows after it is shared"
 
 static int shape_grow(unsigned char **depth, long long **nodes, Py_ssize_t *cap, Py_ssize_t wanted) {
     if (wanted <= *cap) return 0;
@@ -1044,12 +1046,24 @@ static int shape_grow(unsigned char **depth, long long **nodes, Py_ssize_t *cap,
     return 0;
 }
 
-static int shape_push(ShapeStack *s, unsigned char depth, long long nodes) {
-    if (shape_grow(&s->depth, &s->nodes, &s->cap, s->len + 1) < 0) return -1;
+static int shape_push_ident(ShapeStack *s, unsigned char depth, long long nodes, Py_ssize_t ident) {
+    Py_ssize_t cap = s->cap;
+    if (shape_grow(&s->depth, &s->nodes, &cap, s->len + 1) < 0) return -1;
+    if (cap != s->cap) {
+        Py_ssize_t *id = PyMem_Realloc(s->ident, (size_t)cap * sizeof(Py_ssize_t));
+        if (id == NULL) return -1;
+        s->ident = id;
+        s->cap = cap;
+    }
     s->depth[s->len] = depth;
     s->nodes[s->len] = nodes;
+    s->ident[s->len] = ident;
     s->len++;
     return 0;
+}
+
+static int shape_push(ShapeStack *s, unsigned char depth, long long nodes) {
+    return shape_push_ident(s, depth, nodes, 0);
 }
 
 static long long shape_add(long long a, long long b) { return a + b > SHAPE_CAP ? SHAPE_CAP : a + b; }
@@ -1075,11 +1089,18 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     const unsigned char *data = view.buf;
     Py_ssize_t end = view.len, pos = 0, max_memo = view.len;
-    ShapeStack stack = {NULL, NULL, 0, 0};
+    ShapeStack stack = {NULL, NULL, NULL, 0, 0};
     Py_ssize_t *marks = NULL, mark_len = 0, mark_cap = 0;
     unsigned char *memo_depth = NULL;
     long long *memo_nodes = NULL; /* -1: not defined */
-    Py_ssize_t memo_cap = 0, memo_count = 0;
+    Py_ssize_t *memo_ident = NULL, memo_cap = 0, memo_count = 0;
+    /* shared[k]: container k was fetched from the memo or duplicated; at most one container an opcode */
+    unsigned char *shared = PyMem_Calloc((size_t)end + 2, 1);
+    Py_ssize_t made = 0;
+    if (shared == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
     const char *why = "truncated or corrupt pickle";
     char buffer[64];
     int failed = 0;
@@ -1168,7 +1189,7 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
             if (shape_push(&stack, 0, 1) < 0) OOM();
             continue;
         case ']': case '}': case ')': case 0x8f:
-            if (shape_push(&stack, 1, 1) < 0) OOM();
+            if (shape_push_ident(&stack, 1, 1, op == ')' ? 0 : ++made) < 0) OOM();
             break;
         case '(':
             if (mark_len == mark_cap) {
@@ -1197,9 +1218,11 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
             if (op == '1') continue;
             if (op == 'e' || op == 'u' || op == 0x90) {
                 if (!stack.len) FAIL("corrupt pickle: stack underflow");
+                if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
                 if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
                 stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
-            } else if (shape_push(&stack, deepest + 1, shape_add(total, 1)) < 0) {
+            } else if (shape_push_ident(&stack, deepest + 1, shape_add(total, 1),
+                                        (op == 'l' || op == 'd') ? ++made : 0) < 0) {
                 OOM();
             }
             break;
@@ -1227,6 +1250,7 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
                 total = shape_add(total, stack.nodes[k]);
             }
             stack.len -= count;
+            if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
             if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
             stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
             break;
@@ -1238,7 +1262,10 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
             continue;
         case '2':
             if (!stack.len) FAIL("corrupt pickle: stack underflow");
-            if (shape_push(&stack, stack.depth[stack.len - 1], stack.nodes[stack.len - 1]) < 0) OOM();
+            if (stack.ident[stack.len - 1]) shared[stack.ident[stack.len - 1]] = 1;
+            if (shape_push_ident(&stack, stack.depth[stack.len - 1], stack.nodes[stack.len - 1],
+                                 stack.ident[stack.len - 1]) < 0)
+                OOM();
             continue;
         default:
             PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: unknown opcode 0x%02x", op);
@@ -1246,7 +1273,8 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         if (is_get) {
             if (index < 0 || index >= memo_cap || memo_nodes[index] < 0) FAIL("corrupt pickle: memo index not defined");
-            if (shape_push(&stack, memo_depth[index], memo_nodes[index]) < 0) OOM();
+            if (shape_push_ident(&stack, memo_depth[index], memo_nodes[index], memo_ident[index]) < 0) OOM();
+            if (memo_ident[index]) shared[memo_ident[index]] = 1;
             continue;
         }
         if (is_put) {
@@ -1256,11 +1284,15 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
             if (index >= memo_cap) {
                 Py_ssize_t old = memo_cap;
                 if (shape_grow(&memo_depth, &memo_nodes, &memo_cap, index + 1) < 0) OOM();
+                Py_ssize_t *id = PyMem_Realloc(memo_ident, (size_t)memo_cap * sizeof(Py_ssize_t));
+                if (id == NULL) OOM();
+                memo_ident = id;
                 for (Py_ssize_t k = old; k < memo_cap; k++) memo_nodes[k] = -1;
             }
             if (memo_nodes[index] < 0) memo_count++;
             memo_depth[index] = stack.depth[stack.len - 1];
             memo_nodes[index] = stack.nodes[stack.len - 1];
+            memo_ident[index] = stack.ident[stack.len - 1];
             continue;
         }
         if (stack.len && (stack.depth[stack.len - 1] > max_depth || stack.nodes[stack.len - 1] > max_nodes)) {
@@ -1279,9 +1311,12 @@ done:
     PyBuffer_Release(&view);
     PyMem_Free(stack.depth);
     PyMem_Free(stack.nodes);
+    PyMem_Free(stack.ident);
     PyMem_Free(marks);
     PyMem_Free(memo_depth);
     PyMem_Free(memo_nodes);
+    PyMem_Free(memo_ident);
+    PyMem_Free(shared);
     if (failed) return PyErr_NoMemory();
     if (why == NULL) Py_RETURN_NONE;
     return PyUnicode_FromString(why);

@@ -22,10 +22,22 @@ When dumps are written:
   to dump before the group is gone (after it, nothing is left to dump).
 - When stopped by SIGTERM or SIGHUP. torchrun, when one rank fails, sends SIGTERM to the others (and
   SIGKILL some seconds later): each of them dumps on the SIGTERM. A rank that dies of an exception also
-  asks every rank it can reach to dump at once: ranks on its host by SIGUSR1 (each rank leaves its pid in
-  the folder), NCCL ranks anywhere through their debug pipes (``fr2perfetto trigger``).
+  asks every rank it can reach to dump at once: ranks of the same run on its host by SIGUSR1, NCCL ranks
+  anywhere through their debug pipes (``fr2perfetto trigger``).
 
 Handlers that were installed before are kept and called after the dump.
+
+What it touches, and nothing else:
+
+- Files: only inside the dump folder, which must be a folder (not a link to one) of the user the rank
+  runs as; anything else is refused in one line, unwritten. Each file is written under a new hidden name
+  of its own, created without following links (``O_CREAT | O_EXCL | O_NOFOLLOW``, relative to the
+  folder opened once), then renamed over its final name: a link planted in the folder is replaced, never
+  written through.
+- Processes: a rank leaves a rank file, ``fr_pid_rank_<rank>``, with its host, pid, the start time of
+  its process and the run's identity (a nonce the ranks agree on through the process group's store).
+  A rank wakes another only when all four still hold (``trigger.signal_ranks``), so a file left by an
+  earlier run never signals a process that now has its pid. The file is removed when the rank ends.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import select
 import signal
 import socket
@@ -42,30 +55,35 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from .trigger import PIPE_PREFIX, trigger_dumps
+from .trigger import PID_PREFIX, PIPE_PREFIX, RankProcess, process_start, rank_file_text, signal_ranks, trigger_dumps
 
-PID_PREFIX = "fr_pid_rank_"
 WARM_UP_SECONDS = 0.5  # while no request comes, a warm-up dump is tried this often until one held entries
 WARM_DUMP_BYTES = 400  # a dump with no entry is smaller than this
-_state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None}
+RUN_KEY = "fr2perfetto/run"  # where the ranks agree on their run's nonce, in the default group's store
+_state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None, "run": None, "rank_file": None}
 _lock = threading.Lock()
+
+
+class UnsafeFolder(OSError):
+    """A dump folder that capture will not write into; the message is one line."""
 
 
 def configure(folder: str, *, buffer_size: int = 2000, timing: bool = False, stack_traces: bool = True) -> None:
     """Set the Flight Recorder environment for this process; call before ``init_process_group``.
 
-    ``timing`` turns on NCCL start events (start times, durations, ``started`` states) at some cost.
+    ``folder`` is made if missing (private to the user); one that is a link or belongs to another user
+    raises ``UnsafeFolder``. ``timing`` turns on NCCL start events (start times, durations,
+    ``started`` states) at some cost.
     """
     folder = os.path.abspath(folder)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.close(_open_folder(folder))
     _state["folder"] = folder
     prefix = os.path.join(folder, "nccl_trace_rank_")
     settings = {
         "TORCH_FR_BUFFER_SIZE": str(buffer_size),
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(buffer_size),
         # NCCL writes its own dumps here on a watchdog timeout, and when its debug pipe is written to.
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(folder, PIPE_PREFIX),
         "TORCH_NCCL_TRACE_CPP_STACK": "0",
@@ -79,6 +97,54 @@ def configure(folder: str, *, buffer_size: int = 2000, timing: bool = False, sta
 
 def _folder(folder: str | None = None) -> str:
     return folder or _state["folder"] or os.environ.get("FR2PERFETTO_DUMP_DIR") or "."
+
+
+def _open_folder(folder: str) -> int:
+    """The dump folder, opened: a folder of this process's user, not a link; else ``UnsafeFolder``."""
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        if os.path.islink(folder):
+            raise UnsafeFolder(f"{folder}: a symbolic link, not a folder: refusing to write dumps through it") from None
+        raise UnsafeFolder(f"{folder}: cannot open it as a folder ({error.strerror or error})") from None
+    owner = os.fstat(handle).st_uid
+    if owner != os.geteuid():
+        os.close(handle)
+        raise UnsafeFolder(
+            f"{folder}: belongs to user {owner}, not to this process's user {os.geteuid()}: refusing to write there"
+        )
+    return handle
+
+
+def write_into_folder(folder: str, name: str, data: bytes) -> str:
+    """Write ``data`` as ``folder/name``: under a new hidden name created without following links, then
+    renamed over ``name`` (a reader never sees half a file; a link at ``name`` is replaced, not followed)."""
+    if os.sep in name or name.startswith("."):
+        raise ValueError(f"not a plain file name: {name!r}")
+    folder_fd = _open_folder(folder)
+    try:
+        temporary, handle = "", -1
+        for _ in range(16):
+            temporary = f".{name}.{secrets.token_hex(6)}.partial"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                handle = os.open(temporary, flags, 0o644, dir_fd=folder_fd)
+                break
+            except FileExistsError:
+                continue
+        if handle < 0:
+            raise UnsafeFolder(f"{folder}: could not make a file of its own there")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder_fd)
+            raise
+    finally:
+        os.close(folder_fd)
+    return os.path.join(folder, name)
 
 
 def dump(folder: str | None = None, *, reason: str = "", ended: str = "running") -> str | None:
@@ -98,26 +164,17 @@ def dump(folder: str | None = None, *, reason: str = "", ended: str = "running")
         data, name = c10d._dump_nccl_trace(), f"nccl_trace_rank_{rank}"
     else:
         data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, name)
     with _lock:  # the request thread and the main thread may dump at once
         if ended == "running" and _state.get("ended"):
-            return path  # a request served late never overwrites the dump of how the process ended
+            return os.path.join(folder, name)  # a request served late never overwrites the dump of how it ended
         # how it ended first: whoever sees the new dump sees its .ended beside it
-        _write_atomically(f"{path}.ended", f"{ended}\n".encode())
-        _write_atomically(path, data)
+        write_into_folder(folder, f"{name}.ended", f"{ended}\n".encode())
+        path = write_into_folder(folder, name, data)
         if ended != "running":
             _state["ended"] = ended
     if reason:
         print(f"fr2perfetto: rank {rank} dumped its Flight Recorder to {path} ({reason})", file=sys.stderr)
     return path
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    partial = f"{path}.partial"
-    with open(partial, "wb") as out:
-        out.write(data)
-    os.replace(partial, path)  # a reader never sees half a dump
 
 
 def _try_dump(reason: str, ended: str = "running") -> None:
@@ -143,8 +200,7 @@ def install(
     _state["installed"] = True
     if on_signal is not None:
         _serve_requests(on_signal)
-        if wake_others:
-            _leave_pid()
+        _leave_rank_file(on_signal)
     if on_exception:
         previous = sys.excepthook
 
@@ -162,8 +218,7 @@ def install(
             _chain(stop, lambda signum: _try_dump(f"signal {signal.Signals(signum).name}",
                                                   ended=f"signal {signal.Signals(signum).name}"))  # fmt: skip
     _wrap_destroy()
-    if on_exit:
-        atexit.register(_at_exit)
+    atexit.register(_at_exit if on_exit else _stop_serving)
 
 
 def _at_exit() -> None:
@@ -173,8 +228,9 @@ def _at_exit() -> None:
 
 
 def _stop_serving() -> None:
-    """Once the process ends: ignore dump requests, which would otherwise end it by their default action
-    (and change its exit status) once Python's handlers are gone."""
+    """Once the process ends: remove its rank file, and ignore dump requests, which would otherwise end
+    it by their default action (and change its exit status) once Python's handlers are gone."""
+    _remove_rank_file()
     signum = _state.get("request_signal")
     if signum is not None:
         with contextlib.suppress(ValueError, OSError):
@@ -190,6 +246,7 @@ def _chain(signum: int, action: Callable[[int], None]) -> None:
         if callable(previous):
             previous(number, frame)
         elif previous != signal.SIG_IGN:
+            _stop_serving()  # the default action ends the process without running atexit
             signal.signal(number, signal.SIG_DFL)  # the default: end the process, as before
             os.kill(os.getpid(), number)
 
@@ -262,30 +319,65 @@ def _wrap_destroy() -> None:
     dist.destroy_process_group = destroy_process_group
 
 
-def _leave_pid() -> None:
-    """Leave ``<folder>/fr_pid_rank_<rank>`` (host and pid), so that a failing rank can wake this one."""
+def _run_identity() -> str:
+    """A nonce every rank of this run agrees on: the first rank to ask sets it in the default group's
+    store, the others read it (``compare_set`` is atomic). Where there is no store, this process's own."""
+    import torch.distributed as dist
+
+    mine = secrets.token_hex(16)
+    with contextlib.suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        return store.compare_set(RUN_KEY, "", mine).decode("ascii", "replace")
+    return mine
+
+
+def _leave_rank_file(signum: int) -> None:
+    """Leave ``<folder>/fr_pid_rank_<rank>``: who this rank is, so that a failing rank of the same run
+    on this host can wake it (``trigger.signal_ranks``)."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         return
+    start = process_start(os.getpid())
+    if start is None:
+        return  # no /proc: nobody could check it is still us, so nobody may signal us
+    run = _state["run"] = _run_identity()
+    me = RankProcess(dist.get_rank(), socket.gethostname(), os.getpid(), start, run, int(signum))
+    name = f"{PID_PREFIX}{me.rank}"
+    try:
+        write_into_folder(_folder(), name, rank_file_text(me).encode())
+        _state["rank_file"] = (name, rank_file_text(me))
+    except (OSError, ValueError) as error:
+        print(f"fr2perfetto: other ranks cannot wake this one: {error}", file=sys.stderr)
+
+
+def _remove_rank_file() -> None:
+    """Remove this rank's file, if it is still the one it wrote."""
+    left = _state.get("rank_file")
+    if not left:
+        return
+    _state["rank_file"] = None
+    name, text = left
     with contextlib.suppress(OSError):
-        path = os.path.join(_folder(), f"{PID_PREFIX}{dist.get_rank()}")
-        _write_atomically(path, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        folder_fd = _open_folder(_folder())
+        try:
+            handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+            try:
+                same = os.read(handle, 4096) == text.encode()
+            finally:
+                os.close(handle)
+            if same:
+                os.unlink(name, dir_fd=folder_fd)
+        finally:
+            os.close(folder_fd)
 
 
 def _wake_others() -> None:
-    """Ask every rank within reach to dump now: those on this host by their request signal, NCCL ranks
-    anywhere through their debug pipes."""
-    folder, signum = _folder(), _state.get("request_signal")
-    host = socket.gethostname()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(folder):
-            if not name.startswith(PID_PREFIX) or signum is None:
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(folder, name)) as left:
-                    their_host, pid = left.read().split()
-                if their_host == host and int(pid) != os.getpid():
-                    os.kill(int(pid), signum)
+    """Ask every rank within reach to dump now: the ranks of this run on this host by their request
+    signal, NCCL ranks anywhere through their debug pipes."""
+    folder, run = _folder(), _state.get("run")
+    if run is not None:
+        with contextlib.suppress(OSError):
+            signal_ranks(folder, run)
     with contextlib.suppress(OSError):
         trigger_dumps(folder)

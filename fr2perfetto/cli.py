@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import signal
 import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,7 +25,7 @@ from rich.text import Text
 from . import __version__, cleanup
 from .convert import STDOUT, analyse, refuse_output, write_trace
 from .diagnose import HEALTHY
-from .fold import parse_ranks, plan_view
+from .fold import choose_ranks, parse_ranks, plan_view
 from .gcpause import gc_paused
 from .job import Job, load_job
 from .model import ranks_label
@@ -33,7 +34,7 @@ from .renderers.terminal import render_analysis
 from .report import build_report, report_json
 from .serve import UI_PORT, serve_once
 from .speedups import SPEEDUPS
-from .text import safe_text
+from .text import shown
 from .trigger import trigger_dumps
 
 app = typer.Typer(
@@ -49,11 +50,11 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def _error(message: str) -> None:
-    err.print(Text.assemble(("error", "bold red"), ": ", safe_text(message)))
+    err.print(Text.assemble(("error", "bold red"), ": ", shown(message)))
 
 
 def _warning(message: str) -> None:
-    err.print(Text.assemble(("warning", "yellow"), ": ", safe_text(message)))
+    err.print(Text.assemble(("warning", "yellow"), ": ", shown(message)))
 
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
@@ -73,7 +74,9 @@ def _keep_until_exit(*objects: object) -> None:
 Inputs = Annotated[
     list[str], typer.Argument(help="Dump files, directories of dumps, or glob patterns.", show_default=False)
 ]
-Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that read dumps in parallel (default: all cores).")]
+Jobs = Annotated[
+    int, typer.Option("--jobs", "-j", min=0, help="Processes that read dumps in parallel (default: all cores).")
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors (and the report with --json).")]
 Redact = Annotated[
     bool,
@@ -92,9 +95,16 @@ Logs = Annotated[
         "--logs", help="Log files or folders of the job (logs beside the dumps are read anyway).", show_default=False
     ),
 ]
-MaxDumpSize = Annotated[
-    float, typer.Option("--max-dump-size", min=0.001, help="Refuse, unread, dump files over this many MB.")
-]
+MaxDumpSize = Annotated[float, typer.Option("--max-dump-size", help="Refuse, unread, dump files over this many MB.")]
+MAX_MEGABYTES = 1 << 20  # a terabyte: a limit beyond it is no limit, and a number to overflow
+
+
+def _megabytes(value: float, flag: str) -> int:
+    """A size limit given in MB, as bytes; one line and exit 2 for what is no size."""
+    if not (math.isfinite(value) and 0 < value <= MAX_MEGABYTES):
+        _error(f"{flag}: {value:g} is not a size in MB (a finite number above 0, at most {MAX_MEGABYTES})")
+        raise typer.Exit(EXIT_UNUSABLE)
+    return max(1, int(value * 2**20))
 
 
 def _load(
@@ -108,7 +118,7 @@ def _load(
 ) -> Job:
     """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
     workers = jobs or (os.cpu_count() or 1)
-    limit = int(max_dump_mb * 2**20)
+    limit = _megabytes(max_dump_mb, "--max-dump-size")
     options = {"jobs": workers, "max_dump_bytes": limit, "redact": redact, "keep_names": keep_names, "logs": logs}
     if quiet or not err.is_terminal:
         job = load_job(inputs, **options)  # type: ignore[arg-type]
@@ -127,9 +137,36 @@ def _load(
             continue
         (_error if problem.fatal else _warning)(str(problem))
     if not job.dumps:
-        _error("no dump could be read from " + ("the inputs" if redact else ", ".join(inputs)))
+        if not any(problem.fatal for problem in job.problems):  # else each input's line said why already
+            _error("no dump could be read from " + ("the inputs" if redact else ", ".join(inputs)))
         raise typer.Exit(EXIT_UNUSABLE)
     return job
+
+
+def _chosen_ranks(ranges: list[tuple[int, int]] | None, job: Job) -> set[int] | None:
+    """The ranks ``--ranks`` chose; one line and exit 2 when it asks for a rank the job does not have."""
+    if ranges is None:
+        return None
+    chosen, refused = choose_ranks(ranges, job.ranks)
+    if refused:
+        _error(f"--ranks: {refused}")
+        raise typer.Exit(EXIT_UNUSABLE)
+    return chosen
+
+
+def _chosen_groups(text: str | None, job: Job) -> set[str] | None:
+    """The group names or descriptions ``--groups`` chose; one line and exit 2 for one the job lacks."""
+    if text is None:
+        return None
+    asked = {part.strip() for part in text.split(",") if part.strip()}
+    known = {name for group in job.groups for name in (group.name, group.desc) if name}
+    unknown = sorted(asked - known)
+    if unknown or not asked:
+        names = ", ".join(sorted({g.desc or g.name for g in job.groups}))
+        what = f"no group {', '.join(unknown)} in this job" if unknown else "no group given"
+        _error(f"--groups: {what} (its groups, by description or name: {names})")
+        raise typer.Exit(EXIT_UNUSABLE)
+    return asked
 
 
 @app.command(
@@ -154,9 +191,7 @@ def convert(
             "--window", min=1, help="Keep the last N ops of each group before its first problem.", show_default=False
         ),
     ] = None,
-    max_size_mb: Annotated[
-        float, typer.Option("--max-size", min=0.001, help="Fold the trace to stay under this many MB.")
-    ] = 256,
+    max_size_mb: Annotated[float, typer.Option("--max-size", help="Fold the trace to stay under this many MB.")] = 256,
     open_ui: Annotated[bool, typer.Option("--open", help="Open the trace in ui.perfetto.dev when written.")] = False,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Local port for --open.")] = UI_PORT,
     redact: Redact = False,
@@ -172,11 +207,12 @@ def convert(
     history is summarised, never what the findings name. --full writes everything.
     """
     try:
-        chosen_ranks = parse_ranks(ranks) if ranks is not None else None
+        rank_ranges = parse_ranks(ranks) if ranks is not None else None
     except ValueError as error:
         _error(f"--ranks: {error}")
         raise typer.Exit(EXIT_UNUSABLE) from None
-    refused = refuse_output(str(output), inputs)
+    max_bytes = _megabytes(max_size_mb, "--max-size")
+    refused = refuse_output(str(output), [*inputs, *(logs or [])])
     if refused:
         _error(f"{output}: {refused}")
         raise typer.Exit(EXIT_UNUSABLE)
@@ -187,11 +223,13 @@ def convert(
     quiet = quiet or to_stdout
     with gc_paused():
         job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names, logs)
+        chosen_ranks = _chosen_ranks(rank_ranges, job)
+        chosen_groups = _chosen_groups(groups, job)
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
         view = plan_view(
-            job, analysis.ops, analysis.diagnosis.findings, max_bytes=int(max_size_mb * 1024 * 1024), full=full,
-            ranks=chosen_ranks, groups=set(groups.split(",")) if groups else None, window=window,
+            job, analysis.ops, analysis.diagnosis.findings, max_bytes=max_bytes, full=full,
+            ranks=chosen_ranks, groups=chosen_groups, window=window,
         )  # fmt: skip
         try:
             stats = write_trace(analysis, str(output), view, jobs=jobs or (os.cpu_count() or 1))
@@ -202,20 +240,20 @@ def convert(
         size = os.path.getsize(output)
         verdict = analysis.diagnosis.verdict
         out.print(
-            f"Wrote {output} ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
+            f"Wrote {shown(str(output))} ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
             f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, "
             f"{stats.markers} markers, "
             f"{len(analysis.diagnosis.findings)} findings."
         )
-        out.print(f"Verdict: {verdict.summary}")
+        out.print(f"Verdict: {shown(verdict.summary)}")
         if view.folded:
             out.print(
                 f"Folded to stay under {max_size_mb:g} MB (everything: about {_human_size(view.full_bytes)}): "
-                + "; ".join(view.notes)
+                + shown("; ".join(view.notes))
                 + ". Use --full for everything, or --ranks, --groups, --window to choose."
             )
         if not open_ui:
-            out.print(f"Open it: fr2perfetto open {output}  (or drop it on https://ui.perfetto.dev)")
+            out.print(f"Open it: fr2perfetto open {shown(str(output))}  (or drop it on https://ui.perfetto.dev)")
     if open_ui:
         _open(str(output), quiet, port)
 
@@ -278,24 +316,25 @@ RIGHT_ALIGNED = {"rank", "entries", "size"}
 def _fitting_table(title: str, columns: list[str], rows: list[list[str | Text]], droppable: tuple[str, ...]) -> Table:
     """A table that fits the terminal: cells wrap, headers never shrink below their text, and the
     ``droppable`` columns are left out, in that order, while it would still be too wide (said in its
-    caption)."""
+    caption). Every text cell is ``shown``: it holds names from the dumps."""
+    rows = [[cell if isinstance(cell, Text) else shown(cell) for cell in row] for row in rows]
     # the width each column takes unwrapped: its widest cell, with a bar and two spaces beside it
     widths = {
         column: 3 + max([len(column)] + [len(str(row[index])) for row in rows]) for index, column in enumerate(columns)
     }
-    shown = list(columns)
+    kept = list(columns)
     for candidate in droppable:
-        if 1 + sum(widths[column] for column in shown) <= out.width:
+        if 1 + sum(widths[column] for column in kept) <= out.width:
             break
-        if candidate in shown:
-            shown.remove(candidate)
+        if candidate in kept:
+            kept.remove(candidate)
     table = Table(title=title, title_justify="left", caption_justify="left")
-    for column in shown:
+    for column in kept:
         justify = "right" if column in RIGHT_ALIGNED else "left"
         table.add_column(column, justify=justify, min_width=len(column), overflow="fold")
     for row in rows:
-        table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in shown))
-    left_out = [c for c in columns if c not in shown]
+        table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in kept))
+    left_out = [c for c in columns if c not in kept]
     if left_out:
         table.caption = f"left out to fit {out.width} columns: {', '.join(left_out)}"
     return table
@@ -401,15 +440,15 @@ def analyze(
         _keep_until_exit(job, analysis)
     diagnosis = analysis.diagnosis
     if output_format == "markdown":
-        shown = ["<dumps>"] if redact else inputs
-        command = " ".join(["fr2perfetto analyze", *shown, "--format markdown", *(["--redact"] if redact else [])])
+        given = ["<dumps>"] if redact else inputs
+        command = " ".join(["fr2perfetto analyze", *given, "--format markdown", *(["--redact"] if redact else [])])
         sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command))
     elif as_json:
         sys.stdout.write(report_json(build_report(job, analysis.ops, diagnosis)) + "\n")
     elif not quiet:
         render_analysis(out, job, diagnosis, len(analysis.ops))
     else:
-        out.print(diagnosis.verdict.summary)
+        out.print(shown(diagnosis.verdict.summary))
     healthy = diagnosis.verdict.status == HEALTHY and not diagnosis.findings
     raise typer.Exit(EXIT_OK if healthy else EXIT_FINDINGS)
 
@@ -449,8 +488,51 @@ def _stopped(signum: int, _frame: object) -> None:
     os._exit(128 + signum)
 
 
+class _OutputFailed(Exception):
+    """Standard output could not be written: a full disk, a pipe closed by its reader."""
+
+
+class _Guarded:
+    """Standard output (text or its binary ``buffer``) whose write failures end the command in one line,
+    exit 2, rather than as an OSError a command might take for its own."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._stream.write(data)  # type: ignore[no-any-return]
+        except OSError as error:
+            raise _OutputFailed(error.strerror or str(error)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise _OutputFailed(error.strerror or str(error)) from None
+
+    @property
+    def buffer(self) -> _Guarded:
+        return _Guarded(self._stream.buffer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _usage_error(error: Exception) -> int:
+    """A command-line mistake (an unknown option, a value of the wrong type) in one line; the help
+    when no command was given."""
+    message = error.format_message() if hasattr(error, "format_message") else str(error)  # type: ignore[attr-defined]
+    if type(error).__name__ == "NoArgsIsHelpError":
+        sys.stdout.write(message + "\n")
+        return EXIT_UNUSABLE
+    command = getattr(getattr(error, "ctx", None), "command_path", "fr2perfetto")
+    _error(f"{' '.join(message.split())} (see {command} --help)")
+    return EXIT_UNUSABLE
+
+
 def main() -> None:
-    """Entry point of the console script; turns Ctrl-C into a one-line message.
+    """Entry point of the console script: every ending is an exit code and at most one line on stderr.
 
     A command is one run over what can be millions of long-lived objects: the cyclic collector stays
     off for the whole process (turned back on, its first pass would walk every one of them), and the
@@ -462,17 +544,25 @@ def main() -> None:
     _kept_until_exit = []
     for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(stop, _stopped)
+    sys.stdout = _Guarded(sys.stdout)  # type: ignore[assignment]
+    code: int
     try:
-        app()
-        code: int | str | None = 0
-    except SystemExit as done:
-        code = done.code
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        code = 130
-    if isinstance(code, str):
-        err.print(code)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+        try:
+            result = app(standalone_mode=False)
+            code = result if isinstance(result, int) else 0
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            code = 130
+        except _OutputFailed:
+            raise
+        except Exception as error:
+            if not hasattr(error, "exit_code"):  # a click exception has one; anything else is a bug
+                raise
+            code = _usage_error(error)
+        sys.stdout.flush()
+    except _OutputFailed as failed:
+        _error(f"cannot write to standard output ({failed})")
+        code = EXIT_UNUSABLE
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)

@@ -193,7 +193,7 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
         ]
         _forked_scene = scene
         try:
-            with process_pool(jobs, multiprocessing.get_context("fork")) as pool:
+            with process_pool(count, multiprocessing.get_context("fork")) as pool:  # a worker per part
                 for (_, _, part_path), stats in zip(tasks, pool.map(_write_part, tasks), strict=True):
                     writer.stats.add(stats)
                     with open(part_path, "rb") as part:

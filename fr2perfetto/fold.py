@@ -9,11 +9,13 @@ ranks and groups the findings name are never folded.
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .job import Job
-from .model import OK, Finding, Group, MatchedOp, ranks_label
+from .model import MAX_RANK, OK, Finding, Group, MatchedOp, ranks_label
 
 # Measured on NCCL dumps with five-frame stacks: a slice costs about this much in a trace.
 BYTES_PER_OP = 280
@@ -50,19 +52,44 @@ def full_view(job: Job) -> View:
     return View([(rank, (rank,)) for rank in job.ranks], estimated_bytes=size, full_bytes=size)
 
 
-def parse_ranks(text: str) -> set[int]:
-    """``0-7,85`` to {0, ..., 7, 85}; raises ValueError on anything else."""
-    ranks: set[int] = set()
+def parse_ranks(text: str) -> list[tuple[int, int]]:
+    """``0-7,85`` to [(0, 7), (85, 85)]; raises ValueError saying what is wrong, in one line."""
+    ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
+        if not re.fullmatch(r"\d{1,9}(-\d{1,9})?", part):
+            raise ValueError(f"{part!r} is neither a rank nor a range of ranks (expected e.g. 0-7,85)")
         low, _, high = part.partition("-")
         first, last = int(low), int(high or low)
-        if first < 0 or last < first:
-            raise ValueError(f"bad rank range {part!r}")
-        ranks.update(range(first, last + 1))
-    return ranks
+        if last < first:
+            raise ValueError(f"{part!r} ends before it starts")
+        if last >= MAX_RANK:
+            raise ValueError(f"rank {last} is beyond any job's ranks (at most {MAX_RANK - 1})")
+        ranges.append((first, last))
+    if not ranges:
+        raise ValueError("no rank given (expected e.g. 0-7,85)")
+    return ranges
+
+
+def choose_ranks(ranges: list[tuple[int, int]], ranks: list[int]) -> tuple[set[int], str | None]:
+    """The ranks of a job (``ranks``, sorted) that ``ranges`` select, and why the choice is refused
+    (None: it is not): every rank asked for must be one of the job's."""
+    chosen: set[int] = set()
+    absent: list[str] = []
+    for first, last in sorted(ranges):
+        inside = ranks[bisect.bisect_left(ranks, first) : bisect.bisect_right(ranks, last)]
+        chosen.update(inside)
+        expected = first
+        for rank in [*inside, last + 1]:  # the gaps between the job's ranks in this range
+            if rank > expected:
+                absent.append(str(expected) if rank - 1 == expected else f"{expected}-{rank - 1}")
+            expected = rank + 1
+    if not absent:
+        return chosen, None
+    return chosen, f"no rank {','.join(absent[:8])}{'…' if len(absent) > 8 else ''} in this job (its ranks: " \
+        f"{ranks_label(ranks) or 'none'})"  # fmt: skip
 
 
 def plan_view(

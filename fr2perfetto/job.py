@@ -16,7 +16,7 @@ from itertools import repeat
 from typing import TypeVar
 
 from .gcpause import gc_paused
-from .inputs import Found, Source, find_inputs, read_limited
+from .inputs import TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
 from .model import Entry, Group, LoadProblem, LogEvent, RankDump, StackSnapshot, group_counts, ranks_label
 from .pools import process_pool
@@ -24,6 +24,7 @@ from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
 from .redact import redact_dumps
 from .speedups import SPEEDUPS as _speedups
 from .stacks import parse_stacks
+from .text import path_text
 
 
 @dataclass(slots=True)
@@ -161,7 +162,7 @@ def read_files(
     done = 0
     canonical: dict[object, object] = {}
     try:
-        with process_pool(jobs) as pool:
+        with process_pool(min(jobs, len(paths))) as pool:  # never more workers than files
             chunks = max(1, min(16, len(paths) // (jobs * 8)))
             for packed in pool.map(partial(_read_packed, max_bytes=max_bytes), paths, chunksize=chunks):
                 done += 1
@@ -189,10 +190,9 @@ def load_job(
     ``redact``: every string of the dumps that is not PyTorch's own becomes a placeholder before
     anything is made from them (``redact``; ``keep_names`` keeps the script's function and file names).
     """
-    found = find_inputs(inputs, max_dump_bytes, logs)
-    on_disk = [s.path for s in found.dumps if s.data is None]
-    in_memory = [s for s in found.dumps if s.data is not None]
-    total = len(found.dumps)
+    found = find_inputs(inputs, max_dump_bytes, _read_member, logs)
+    on_disk = [s.path for s in found.dumps]
+    total = len(on_disk) + len(found.archived)
     done = 0
 
     def advance(count: int) -> None:
@@ -208,8 +208,8 @@ def load_job(
                                     fatal=False))  # fmt: skip
     dumps: dict[int, RankDump] = {}
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    results = [*read_files(on_disk, workers, advance, max_dump_bytes), *map(_read_source, in_memory)]
-    advance(len(in_memory))
+    results = [*read_files(on_disk, workers, advance, max_dump_bytes), *found.archived]
+    advance(len(found.archived))
     for result in results:
         if isinstance(result, LoadProblem):
             problems.append(result)
@@ -234,8 +234,9 @@ def load_job(
     return job
 
 
-def _read_source(source: Source) -> RankDump | LoadProblem:
-    return _problem_or(lambda path: read_dump(path, source.data), source.path)
+def _read_member(path: str, data: bytes) -> RankDump | LoadProblem:
+    """A dump read from an archive's member."""
+    return _problem_or(lambda _: read_dump(path, data), path)
 
 
 def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[LoadProblem]) -> None:
@@ -251,7 +252,6 @@ def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[Load
 
 
 DEFAULT_GROUP = "0"  # the name PyTorch gives the group init_process_group makes (the first one named)
-TEXT_LIMIT = 16 << 20  # bytes of a log or stack file read (its end)
 
 
 def _evidence(
@@ -273,7 +273,9 @@ def _evidence(
         except OSError as error:
             problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
             continue
-        snapshots += parse_stacks(text, source.path, mtime)
+        notes: list[str] = []
+        snapshots += parse_stacks(text, path_text(source.path), mtime, notes)
+        problems += [LoadProblem(source.path, note, fatal=False) for note in notes]
     events: list[LogEvent] = []
     for source in found.logs:
         try:
@@ -281,7 +283,9 @@ def _evidence(
         except OSError as error:
             problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
             continue
-        events += parse_log(text, source.path, year)
+        notes = []
+        events += parse_log(text, path_text(source.path), year, notes)
+        problems += [LoadProblem(source.path, note, fatal=False) for note in notes]
     return _choose_snapshots(snapshots, dumped_at), events
 
 

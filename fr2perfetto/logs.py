@@ -33,21 +33,29 @@ from .model import (
     LOG_NCCL_ERROR,
     LOG_WATCHDOG_STUCK,
     LOG_WATCHDOG_TIMEOUT,
+    MAX_RANK,
     LogEvent,
+    plausible_time,
 )
 from .text import safe_text
 
 MAX_EVENTS_PER_KIND = 20  # of one rank
-MAX_LINE = 400
+MAX_LINE = 400  # of a line quoted
+# Longer lines are cut before they are read: every pattern below is then bounded per line, so a log
+# costs time in proportion to its size, whatever it holds. Numbers have bounded digits for the same
+# reason, and are checked for range as well.
+MAX_SCAN = 4096
 
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:|\[Rank (\d+)\]|\[PG ID \d+ PG GUID \S+ Rank (\d+)\]")
+_RANK_PREFIX = re.compile(
+    r"^\[(?:rank|default)(\d{1,8})\]:|\[Rank (\d{1,8})\]|\[PG ID \d{1,9} PG GUID [^\s\]]{1,128} Rank (\d{1,8})\]"
+)
 _GLOG_TIME = re.compile(r"\[?[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
 _ISO_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?")
 _TIMEOUT = re.compile(
-    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
-    r"(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d{1,18}), OpType=(\w{1,64})"
+    r"(?:, NumelIn=(\d{1,18}), NumelOut=(\d{1,18}))?, Timeout\(ms\)=(\d{1,18})\) ran for (\d{1,18}) milliseconds"
 )
-_STUCK = re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d+) seconds")
+_STUCK = re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d{1,12}) seconds")
 _NCCL = re.compile(
     r"NCCL error|nccl(?:Remote|System|Internal|InvalidUsage|InvalidArgument|UnhandledCuda)Error|"
     r"unhandled cuda error|unhandled system error|remote process exited or there was a network error",
@@ -55,16 +63,17 @@ _NCCL = re.compile(
 )
 _CUDA = re.compile(r"CUDA error: (.+)")
 _TRACEBACK = "Traceback (most recent call last):"
-_PY_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.+)$')
 _EXCEPTION = re.compile(
-    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning)|KeyboardInterrupt)(:.*)?$"
+    r"^([A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Failure|Warning)|KeyboardInterrupt)(:.*)?$"
 )
-_CHILD_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_CHILD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_CHILD_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,8})\b")
+_CHILD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,10})\b")
 _CHILD_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
 _CHILD_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")
-_LOG_DIR_RANK = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stderr|stdout|error)")
-_NAME_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_SIGNAL = re.compile(r"Signal (\d{1,3}) \((\w{1,16})\)")
+_LOG_DIR_RANK = re.compile(r"attempt_\d{1,9}[/\\](\d{1,8})[/\\](?:stderr|stdout|error)")
+_NAME_RANK = re.compile(r"rank[_-]?(\d{1,8})(?!\d)", re.IGNORECASE)
+_INT32 = 1 << 31
 
 
 def rank_of_file(path: str) -> int | None:
@@ -76,17 +85,19 @@ def rank_of_file(path: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def parse_log(text: str, source: str, year_of: int | None = None) -> list[LogEvent]:
-    """The events of one log file (``year_of``: the year of glog's times, which carry none)."""
+def parse_log(text: str, source: str, year_of: int | None = None, notes: list[str] | None = None) -> list[LogEvent]:
+    """The events of one log file (``year_of``: the year of glog's times, which carry none). A time
+    that is no plausible date is dropped (the event stays, untimed), and ``notes`` says how many."""
     file_rank = rank_of_file(source)
     year = year_of or datetime.datetime.now().year
     events: list[LogEvent] = []
     counts: dict[tuple[int, str], int] = {}
     traceback: dict[int | None, tuple[int, str | None]] = {}  # rank -> (start line, innermost frame)
     child: dict[str, str] = {}
+    dropped = 0
 
     def add(rank: int | None, kind: str, line: str, number: int, when: int | None, **details: str) -> None:
-        if rank is None or not 0 <= rank < 1 << 24:
+        if rank is None or not 0 <= rank < MAX_RANK:
             return
         key = (rank, kind)
         counts[key] = counts.get(key, 0) + 1
@@ -94,35 +105,60 @@ def parse_log(text: str, source: str, year_of: int | None = None) -> list[LogEve
             text_line = safe_text(line.strip())[:MAX_LINE]
             events.append(LogEvent(rank, when, kind, text_line, f"{source}:{number}", details))
 
+    def timed(line: str) -> int | None:
+        nonlocal dropped
+        when = _time(line, year)
+        if when is not None and plausible_time(when) is None:
+            dropped += 1
+            return None
+        return when
+
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
+        line = raw[:MAX_SCAN].rstrip()
         prefix = _RANK_PREFIX.search(line)
         rank = next((int(g) for g in prefix.groups() if g), None) if prefix else file_rank
         body = line[prefix.end() :] if prefix and prefix.start() == 0 else line
-        when = _time(line, year)
         if match := _TIMEOUT.search(line):
             seq, op, numel_in, numel_out, timeout, ran = match.groups()
-            add(rank, LOG_WATCHDOG_TIMEOUT, body, number, when, seq=seq, op=op, timeout_ms=timeout, ran_ms=ran,
+            add(rank, LOG_WATCHDOG_TIMEOUT, body, number, timed(line), seq=seq, op=op, timeout_ms=timeout, ran_ms=ran,
                 numel_in=numel_in or "", numel_out=numel_out or "")  # fmt: skip
         elif _STUCK.search(line):
-            add(rank, LOG_WATCHDOG_STUCK, body, number, when)
+            add(rank, LOG_WATCHDOG_STUCK, body, number, timed(line))
         elif match := _CUDA.search(line):
-            add(rank, LOG_CUDA_ERROR, body, number, when, error=match.group(1)[:200])
+            add(rank, LOG_CUDA_ERROR, body, number, timed(line), error=match.group(1)[:200])
         elif _NCCL.search(line):
-            add(rank, LOG_NCCL_ERROR, body, number, when)
+            add(rank, LOG_NCCL_ERROR, body, number, timed(line))
         stripped = body.strip()
         if stripped == _TRACEBACK:
             traceback[rank] = (number, None)
-        elif rank in traceback and (frame := _PY_FRAME.match(stripped)):
-            traceback[rank] = (traceback[rank][0], f"{frame.group(3)} ({frame.group(1)}:{frame.group(2)})")
+        elif rank in traceback and (frame := _python_frame(stripped)):
+            traceback[rank] = (traceback[rank][0], frame)
         elif rank in traceback and _EXCEPTION.match(stripped):
             _, innermost = traceback.pop(rank)
-            add(rank, LOG_EXCEPTION, stripped, number, when, where=innermost or "")
+            add(rank, LOG_EXCEPTION, stripped, number, timed(line), where=innermost or "")
         failed = _child_failure(stripped, child, year)
         if failed is not None:
             failed_rank, what, failed_at, code = failed
+            if plausible_time(failed_at) is None and failed_at is not None:
+                dropped += 1
+                failed_at = None
             add(failed_rank, LOG_CHILD_FAILED, what, number, failed_at, exitcode=code)
+    if dropped and notes is not None:
+        notes.append(f"{dropped} times in it are no plausible date (before 1990 or after 2199): ignored")
     return events
+
+
+def _python_frame(line: str) -> str | None:
+    """``File "/job/train.py", line 140, in train_step`` as ``train_step (/job/train.py:140)``."""
+    if not line.startswith('File "'):
+        return None
+    quote = line.rfind('", line ')
+    if quote < 5:
+        return None
+    number, found, name = line[quote + 8 :].partition(", in ")
+    if not found or not name or not (number.isdigit() and number.isascii() and len(number) <= 10):
+        return None
+    return f"{name} ({line[6:quote]}:{number})"
 
 
 def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, str, int | None, str] | None:
@@ -137,7 +173,10 @@ def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, st
         child["exitcode"] = match.group(1)
     elif (match := _CHILD_TRACE.match(line)) and "rank" in child and "exitcode" in child:
         code = int(child["exitcode"])
-        signal = re.search(r"Signal (\d+) \((\w+)\)", match.group(1))
+        if not -_INT32 <= code < _INT32:
+            child.clear()
+            return None
+        signal = _SIGNAL.search(match.group(1))
         how = f"killed by {signal.group(2)}" if signal else f"exit code {code}"
         when = _time(child.get("time", "").replace("_", " "), year)
         failed = (int(child["rank"]), f"rank {child['rank']} failed ({how}) [torchrun]", when, str(code))
@@ -156,7 +195,8 @@ def _time(line: str, year: int) -> int | None:
             moment = datetime.datetime(year, int(mo), int(d), int(h), int(mi), int(s))
         else:
             return None
-    except ValueError:
+        seconds = int(moment.timestamp())  # local time, as logs are written
+    except (ValueError, OverflowError, OSError):
         return None
     nanos = int((frac or "0").ljust(9, "0")[:9])
-    return int(moment.timestamp()) * 1_000_000_000 + nanos  # local time, as logs are written
+    return seconds * 1_000_000_000 + nanos

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from .text import path_text, shown
+
 # States as PyTorch's writer spells them.
 SCHEDULED = "scheduled"
 STARTED = "started"
@@ -169,7 +171,7 @@ class Group:
         name = self.name if len(self.name) <= 12 else self.name[:10] + "…"
         size = f"{len(self.members)} rank" + ("" if len(self.members) == 1 else "s")
         parts = [self.desc] if self.desc and self.desc != "undefined" else []
-        return " · ".join([*parts, f"pg {name}", size])
+        return shown(" · ".join([*parts, f"pg {name}", size]))
 
     def global_rank(self, local_rank: int) -> int | None:
         """Map a group-local rank (as in ``send 1->0``) to a global rank."""
@@ -223,6 +225,11 @@ class LoadProblem:
     path: str
     reason: str
     fatal: bool = True  # False: the file was read, with this warning
+
+    def __post_init__(self) -> None:
+        # a name the OS gave as bytes that are not UTF-8 must still go into every output
+        object.__setattr__(self, "path", path_text(self.path))
+        object.__setattr__(self, "reason", path_text(self.reason))
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
@@ -320,6 +327,14 @@ class Finding:
 
 
 MAX_RANK = 1 << 24  # ranks at or beyond this are refused: no job has them, and they would size tables
+# Times read from text (logs, stack snapshots, file times) outside these years are not believed: a
+# wrong date in a log must not move the timeline, nor overflow the 64-bit times of the report.
+PLAUSIBLE_NS = (631_152_000 * 10**9, 7_258_118_400 * 10**9)  # 1990-01-01 to 2200-01-01, UTC
+
+
+def plausible_time(ns: int | None) -> int | None:
+    """``ns`` if it is a plausible wall-clock time (``PLAUSIBLE_NS``), else None."""
+    return ns if ns is not None and PLAUSIBLE_NS[0] <= ns < PLAUSIBLE_NS[1] else None
 
 
 def ranks_label(ranks: tuple[int, ...] | list[int]) -> str:

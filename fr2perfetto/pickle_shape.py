@@ -9,8 +9,11 @@ object, only how deep it nests and how many nodes it holds counted as a walk wou
 
 Immutable containers (tuples, frozensets), the only ones that can be hashed, are measured exactly:
 they are built from complete items. A list or dict that grows after it was put in another container
-or memoised is counted as it was then; deep or large lists cost nothing to hash (they cannot be) and
-the reader never walks them deeper than a dump's fields go.
+or memoised is counted as it was then, which is exact as long as nothing holds it yet: so a list, dict
+or set that has been shared (fetched from the memo, or duplicated) may not grow any more. No pickler
+writes that (an object is complete before it is referred to again, unless it holds itself, which a
+dump never does), and it is the one way a few bytes could make one list that thousands of entries
+hold grow to millions of items after the count was taken.
 
 The model stops at the first opcode that needs a class or callable (``GLOBAL``, ``REDUCE``...): the
 unpickler refuses those itself (``safe_pickle``). ``scan`` here and ``_speedups.scan_pickle`` agree.
@@ -55,6 +58,7 @@ _COUNTED = {
 _EMPTY = {ord("]"), ord("}"), ord(")"), 0x8F}
 _NEEDS_CODE = {ord(c) for c in "cRbioPQ"} | {0x81, 0x82, 0x83, 0x84, 0x92, 0x93, 0x97, 0x98}
 _CAP = 1 << 62
+_GROWS_SHARED = "corrupt pickle: a list or dict grows after it is shared"
 
 
 def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
@@ -64,8 +68,13 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
     max_memo = len(data)
     depths: list[int] = []  # the unpickler's stack: each object's depth and node count
     nodes: list[int] = []
+    # and, for a list, dict or set, a number of its own (0: any other object), so that it is known
+    # as the same object wherever it is on the stack or in the memo
+    idents: list[int] = []
+    shared: set[int] = set()  # the lists, dicts and sets fetched from the memo or duplicated
+    made = 0  # containers numbered so far
     marks: list[int] = []
-    memo: dict[int, tuple[int, int]] = {}
+    memo: dict[int, tuple[int, int, int]] = {}
     pos, end = 0, len(data)
     unpack = struct.unpack_from
 
@@ -75,8 +84,13 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
         at = marks.pop()
         deepest = max(depths[at:], default=0)
         total = min(sum(nodes[at:]), _CAP)
-        del depths[at:], nodes[at:]
+        del depths[at:], nodes[at:], idents[at:]
         return deepest, total
+
+    def push(depth: int, count: int, ident: int = 0) -> None:
+        depths.append(depth)
+        nodes.append(count)
+        idents.append(ident)
 
     while pos < end:
         op = data[pos]
@@ -92,22 +106,20 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
             argument = data[pos : pos + width]
             pos += width
             if op in _SCALAR_FIXED:
-                depths.append(0)
-                nodes.append(1)
+                push(0, 1)
             elif op in (ord("h"), ord("j")):
                 index = argument[0] if op == ord("h") else unpack("<I", argument)[0]
                 if index not in memo:
                     return "corrupt pickle: memo index not defined"
-                depth, count = memo[index]
-                depths.append(depth)
-                nodes.append(count)
+                push(*memo[index])
+                shared.add(idents[-1] or -1)
             elif op in (ord("q"), ord("r")):
                 index = argument[0] if op == ord("q") else unpack("<I", argument)[0]
                 if index >= max_memo:
                     return "corrupt pickle: memo index too large"
                 if not depths:
                     return "corrupt pickle: nothing to memoise"
-                memo[index] = (depths[-1], nodes[-1])
+                memo[index] = (depths[-1], nodes[-1], idents[-1])
             elif op == 0x80 and argument[0] > 5:
                 return f"unsupported pickle protocol {argument[0]}"
             continue
@@ -120,8 +132,7 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
             if length < 0 or pos + length > end:
                 return "truncated or corrupt pickle"
             pos += length
-            depths.append(0)
-            nodes.append(1)
+            push(0, 1)
             continue
         if op in _LINE_SCALARS or op in (ord("g"), ord("p")):
             newline = data.find(b"\n", pos)
@@ -137,25 +148,22 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
                 if op == ord("g"):
                     if index not in memo:
                         return "corrupt pickle: memo index not defined"
-                    depth, count = memo[index]
-                    depths.append(depth)
-                    nodes.append(count)
+                    push(*memo[index])
+                    shared.add(idents[-1] or -1)
                 else:
                     if not 0 <= index < max_memo:
                         return "corrupt pickle: memo index too large"
                     if not depths:
                         return "corrupt pickle: nothing to memoise"
-                    memo[index] = (depths[-1], nodes[-1])
+                    memo[index] = (depths[-1], nodes[-1], idents[-1])
                 continue
-            depths.append(0)
-            nodes.append(1)
+            push(0, 1)
             continue
         if op in _SCALARS:
-            depths.append(0)
-            nodes.append(1)
+            push(0, 1)
         elif op in _EMPTY:
-            depths.append(1)
-            nodes.append(1)
+            made += 1
+            push(1, 1, made if op != ord(")") else 0)
         elif op == ord("("):
             marks.append(len(depths))
         elif op == 0x94:  # MEMOIZE
@@ -163,29 +171,30 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
                 return "corrupt pickle: nothing to memoise"
             if len(memo) >= max_memo:
                 return "corrupt pickle: memo too large"
-            memo[len(memo)] = (depths[-1], nodes[-1])
+            memo[len(memo)] = (depths[-1], nodes[-1], idents[-1])
         elif op in (ord("t"), ord("l"), ord("d"), 0x91):  # TUPLE, LIST, DICT, FROZENSET from the mark
             popped = pop_to_mark()
             if isinstance(popped, str):
                 return popped
-            depths.append(popped[0] + 1)
-            nodes.append(min(popped[1] + 1, _CAP))
+            made += 1
+            push(popped[0] + 1, min(popped[1] + 1, _CAP), made if op in (ord("l"), ord("d")) else 0)
         elif op in (0x85, 0x86, 0x87):  # TUPLE1..3
             count = op - 0x84
             if len(depths) - (marks[-1] if marks else 0) < count:
                 return "corrupt pickle: stack underflow"
             deepest = max(depths[-count:])
             total = min(sum(nodes[-count:]) + 1, _CAP)
-            del depths[-count:], nodes[-count:]
-            depths.append(deepest + 1)
-            nodes.append(total)
+            del depths[-count:], nodes[-count:], idents[-count:]
+            push(deepest + 1, total)
         elif op in (ord("a"), ord("s")):  # APPEND, SETITEM: into the container below
             count = 1 if op == ord("a") else 2
             if len(depths) - (marks[-1] if marks else 0) < count + 1:
                 return "corrupt pickle: stack underflow"
             deepest = max(depths[-count:])
             total = sum(nodes[-count:])
-            del depths[-count:], nodes[-count:]
+            del depths[-count:], nodes[-count:], idents[-count:]
+            if idents[-1] in shared:
+                return _GROWS_SHARED
             depths[-1] = max(depths[-1], deepest + 1)
             nodes[-1] = min(nodes[-1] + total, _CAP)
         elif op in (ord("e"), ord("u"), 0x90):  # APPENDS, SETITEMS, ADDITEMS: from the mark
@@ -194,6 +203,8 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
                 return popped
             if not depths:
                 return "corrupt pickle: stack underflow"
+            if idents[-1] in shared:
+                return _GROWS_SHARED
             depths[-1] = max(depths[-1], popped[0] + 1)
             nodes[-1] = min(nodes[-1] + popped[1], _CAP)
         elif op == ord("0"):  # POP: an object, or a mark where the stack above it is empty
@@ -202,6 +213,7 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
             elif depths:
                 depths.pop()
                 nodes.pop()
+                idents.pop()
             else:
                 return "corrupt pickle: stack underflow"
         elif op == ord("1"):  # POP_MARK
@@ -211,8 +223,8 @@ def scan(data: bytes, max_depth: int, max_nodes: int) -> str | None:
         elif op == ord("2"):  # DUP
             if not depths:
                 return "corrupt pickle: stack underflow"
-            depths.append(depths[-1])
-            nodes.append(nodes[-1])
+            push(depths[-1], nodes[-1], idents[-1])
+            shared.add(idents[-1] or -1)
         else:
             return f"corrupt pickle: unknown opcode 0x{op:02x}"
         if depths and (depths[-1] > max_depth or nodes[-1] > max_nodes):

@@ -22,6 +22,7 @@ from multiprocessing.process import BaseProcess
 from .cleanup import worker_processes
 
 _PR_SET_PDEATHSIG = 1
+MAX_WORKERS = 4 * (os.cpu_count() or 1)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -45,7 +46,9 @@ def process_pool(
     workers: int, context: multiprocessing.context.BaseContext | None = None
 ) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` whose workers are killed at once if the block is left by an exception
-    (an interruption included), rather than waited for."""
+    (an interruption included), rather than waited for. At most ``MAX_WORKERS`` workers, whatever is
+    asked: each costs a process's memory."""
+    workers = max(1, min(workers, MAX_WORKERS))
     pool = ProcessPoolExecutor(
         max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
     )

@@ -30,7 +30,7 @@ from .model import (
 )
 from .safe_pickle import RefusedPickle, loads_plain
 from .speedups import SPEEDUPS as _speedups
-from .text import safe_text
+from .text import path_text, safe_text
 
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
 _INT64_MAX = 2**63 - 1
@@ -91,7 +91,7 @@ def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUM
         data = _read_file(path, max_bytes)
     raw, file_format = _decode(data)
     return normalise(
-        raw, rank=name.rank, path=safe_text(path), host=safe_text(name.host) if name.host else None,
+        raw, rank=name.rank, path=path_text(path), host=path_text(name.host) if name.host else None,
         file_format=file_format, as_rows=as_rows,
     )  # fmt: skip
 

@@ -147,8 +147,17 @@ def redact_dumps(
         reason = problem.reason
         for original, placeholder in paths.items():
             reason = reason.replace(original, placeholder)
-        redacted.append(replace(problem, path=path, reason=reason))
+        redacted.append(replace(problem, path=path, reason=_reason(reason)))
     return redacted
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|(?<=the pickle asks for )[^;]+")
+
+
+def _reason(reason: str) -> str:
+    """A problem's reason without what it quotes from the input: a version, a member's name, the class
+    a pickle asks for (the reason's own words say what was wrong)."""
+    return _QUOTED.sub("'…'", reason)
 
 
 def _entry(redactor: Redactor, entry: Entry) -> Entry:

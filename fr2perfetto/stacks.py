@@ -24,36 +24,101 @@ import datetime
 import os
 import re
 
-from .model import Frame, StackSnapshot, ThreadStack
+from .model import MAX_RANK, Frame, StackSnapshot, ThreadStack, plausible_time
 from .text import safe_text
 
-_SECTION = re.compile(r"^=== Rank (\d+)\b.*===\s*$")
-_FAULT_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
-_FAULT_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
-_SPY_THREAD = re.compile(r'^Thread (\d+|0x[0-9a-fA-F]+)(?: \((\w+)\))?:?\s*(?:"(.*)")?\s*$')
-_SPY_FRAME = re.compile(r"^\s+(\S.*?) \((.*):(\d+)\)\s*$")
+_FAULT_THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most recent call first\):")
+_SPY_THREAD = re.compile(r"Thread (\d{1,20}|0x[0-9a-fA-F]{1,16})(?: \((\w{1,32})\))?:?")
 _NAME_TIME = re.compile(r"(\d{8})_(\d{6})")
-_NAME_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_NAME_RANK = re.compile(r"rank[_-]?(\d{1,8})(?!\d)", re.IGNORECASE)
 MAX_FRAMES = 256
+# Longer lines are cut before they are read: no frame or header is this long, and every step below
+# is then bounded per line, so reading a file costs time in proportion to its size.
+MAX_LINE = 4096
+MAX_LINE_NUMBER = 1 << 31
 
 
-def parse_stacks(text: str, source: str, mtime_ns: int | None = None) -> list[StackSnapshot]:
-    """Every rank's snapshot in one file (one, when the file is of one rank)."""
-    when = _time_from_name(os.path.basename(source)) or mtime_ns
+def parse_stacks(
+    text: str, source: str, mtime_ns: int | None = None, notes: list[str] | None = None
+) -> list[StackSnapshot]:
+    """Every rank's snapshot in one file (one, when the file is of one rank). A time that is no
+    plausible date is dropped (the snapshot stays, untimed), and ``notes`` says so."""
+    found = _time_from_name(os.path.basename(source)) or mtime_ns
+    when = plausible_time(found)
+    if found is not None and when is None and notes is not None:
+        notes.append("its time is no plausible date (before 1990 or after 2199): ignored")
     default_rank = _rank_from_path(source)
     sections: list[tuple[int | None, list[str]]] = [(default_rank, [])]
     for line in text.splitlines():
-        header = _SECTION.match(line)
-        if header:
-            sections.append((int(header.group(1)), []))
+        line = line[:MAX_LINE]
+        rank = _section_rank(line)
+        if rank is not None:
+            sections.append((rank, []))
         else:
             sections[-1][1].append(line)
     snapshots = []
     for rank, lines in sections:
         threads = _threads(lines)
-        if rank is not None and threads and rank < 1 << 24:
+        if rank is not None and threads and rank < MAX_RANK:
             snapshots.append(StackSnapshot(rank, when, source, threads))
     return snapshots
+
+
+def _section_rank(line: str) -> int | None:
+    """The rank of a debug-server section header, ``=== Rank 3: 10.0.0.7:29500 ===``; None: not one."""
+    if not line.startswith("=== Rank ") or not line.rstrip().endswith("==="):
+        return None
+    digits = line[9:].split(":", 1)[0].split(" ", 1)[0]
+    return int(digits) if digits.isdigit() and len(digits) <= 8 else None
+
+
+def _fault_frame(line: str) -> Frame | None:
+    """``  File "/job/train.py", line 140 in train_step`` (faulthandler's form)."""
+    if not line[:1].isspace():
+        return None
+    body = line.strip()
+    if not body.startswith('File "'):
+        return None
+    quote = body.rfind('", line ')
+    if quote < 5:
+        return None
+    number, found, name = body[quote + 8 :].partition(" in ")
+    if not found or not name.strip() or not _line_number(number):
+        return None
+    return Frame(safe_text(name.strip()), safe_text(body[6:quote]), int(number))
+
+
+def _spy_frame(line: str) -> Frame | None:
+    """``    train_step (train.py:140)`` (py-spy's form)."""
+    if not line[:1].isspace():
+        return None
+    body = line.strip()
+    if not body.endswith(")"):
+        return None
+    inner = body[:-1]
+    colon = inner.rfind(":")
+    number = inner[colon + 1 :]
+    opening = inner.find(" (", 1)
+    if colon < 0 or not _line_number(number) or opening < 0 or opening + 2 > colon:
+        return None
+    return Frame(safe_text(inner[:opening]), safe_text(inner[opening + 2 : colon]), int(number))
+
+
+def _line_number(text: str) -> bool:
+    return text.isdigit() and text.isascii() and len(text) <= 10 and int(text) < MAX_LINE_NUMBER
+
+
+def _spy_thread(line: str) -> tuple[str, str | None] | None:
+    """``Thread 2345 (idle): "MainThread"``: (its id, its name if given); None: not such a line."""
+    head = _SPY_THREAD.match(line)
+    if head is None:
+        return None
+    rest = line[head.end() :].strip()
+    if not rest:
+        return head.group(1), None
+    if len(rest) >= 2 and rest[0] == rest[-1] == '"':
+        return head.group(1), rest[1:-1]
+    return None
 
 
 def _threads(lines: list[str]) -> list[ThreadStack]:
@@ -68,7 +133,7 @@ def _threads(lines: list[str]) -> list[ThreadStack]:
 
     for line in lines:
         fault = _FAULT_THREAD.match(line)
-        spy = None if fault else _SPY_THREAD.match(line)
+        spy = None if fault else _spy_thread(line)
         if fault or spy:
             close()
             frames = []
@@ -76,15 +141,11 @@ def _threads(lines: list[str]) -> list[ThreadStack]:
                 name, current = f"thread {fault.group(2)}", fault.group(1) == "Current thread"
             else:
                 assert spy is not None
-                name, current = safe_text(spy.group(3) or f"thread {spy.group(1)}"), False
+                name, current = safe_text(spy[1] or f"thread {spy[0]}"), False
             continue
-        frame = _FAULT_FRAME.match(line)
-        if frame:
-            frames.append(Frame(safe_text(frame.group(3)), safe_text(frame.group(1)), int(frame.group(2))))
-            continue
-        frame = _SPY_FRAME.match(line)
-        if frame and name is not None:
-            frames.append(Frame(safe_text(frame.group(1)), safe_text(frame.group(2)), int(frame.group(3))))
+        frame = _fault_frame(line) or (_spy_frame(line) if name is not None else None)
+        if frame is not None and len(frames) < MAX_FRAMES:
+            frames.append(frame)
     close()
     return [t for t in threads if t.frames]
 
@@ -95,9 +156,9 @@ def _time_from_name(name: str) -> int | None:
         return None
     try:
         moment = datetime.datetime.strptime(found.group(1) + found.group(2), "%Y%m%d%H%M%S")
-    except ValueError:
+        return int(moment.timestamp()) * 1_000_000_000  # the debug server writes local time
+    except (ValueError, OverflowError, OSError):
         return None
-    return int(moment.timestamp()) * 1_000_000_000  # the debug server writes local time
 
 
 def _rank_from_path(path: str) -> int | None:
@@ -106,7 +167,7 @@ def _rank_from_path(path: str) -> int | None:
     if found:
         return int(found.group(1))
     parent = os.path.basename(os.path.dirname(path.replace("!", "/")))
-    return int(parent) if parent.isdigit() and len(parent) < 8 else None
+    return int(parent) if parent.isdigit() and parent.isascii() and len(parent) < 8 else None
 
 
 def main_thread(snapshot: StackSnapshot) -> ThreadStack | None:

@@ -7,6 +7,7 @@ them out. One rank at a time (``rank_tracks``) so that a writer can stream a lar
 from __future__ import annotations
 
 import functools
+import heapq
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from .model import (
     time_range,
 )
 from .speedups import SPEEDUPS as _speedups
+from .text import shown
 
 
 class SliceLook:
@@ -291,8 +293,8 @@ def rank_timeline(
         labels.append("no dump")
     else:
         if dump.host:
-            labels.append(dump.host)
-        labels.append(os.path.basename(dump.path))
+            labels.append(shown(dump.host))
+        labels.append(shown(os.path.basename(dump.path)))
     # The UI shows a process's name (and pid), never its labels: what must be seen goes in the name.
     name = f"rank {rank}" if len(stands_for) <= 1 else f"ranks {ranks_label(stands_for)} ({len(stands_for)})"
     if culprit:
@@ -305,16 +307,18 @@ def rank_timeline(
         pid=PID_BASE + rank,
         order=rank,  # processes in rank order (a folded one by its first rank)
         labels=labels,
-        description=f"dump {dump.path} (version {dump.version}, {dump.file_format})"
+        description=shown(f"dump {dump.path} (version {dump.version}, {dump.file_format})")
         if dump
         else "this rank left no dump",
     )
-    shown = view.groups if view is not None else None
+    shown_groups = view.groups if view is not None else None
     cutoffs = view.cutoffs if view is not None else {}
-    by_group: dict[Group, list[Slice]] = {g: [] for g in job.groups_of_rank(rank) if shown is None or g in shown}
+    by_group: dict[Group, list[Slice]] = {
+        g: [] for g in job.groups_of_rank(rank) if shown_groups is None or g in shown_groups
+    }
     per_group_ops: dict[Group, list[tuple[MatchedOp, list[Entry]]]] = {}
     folded: dict[Group, list[int]] = {}
-    if shown is None and not cutoffs:  # the whole history of every group: nothing to leave out
+    if shown_groups is None and not cutoffs:  # the whole history of every group: nothing to leave out
         for item in rank_ops:
             group = item[0].group
             ops_of_group = per_group_ops.get(group)
@@ -325,7 +329,7 @@ def rank_timeline(
     else:
         for item in rank_ops:
             op = item[0]
-            if shown is not None and op.group not in shown:
+            if shown_groups is not None and op.group not in shown_groups:
                 continue
             start = start_on_rank(item)
             if start < cutoffs.get(op.group, -1):
@@ -355,7 +359,7 @@ def rank_timeline(
     tracks = [process]
     if dump is None:  # the UI shows only tracks with events: a rank without a dump shows through this one
         start, what = highlights.no_dump_waits.get(rank, (span.start, ""))
-        title = f"no dump: the others wait for it in {what}" if what else "no dump from this rank"
+        title = shown(f"no dump: the others wait for it in {what}") if what else "no dump from this rank"
         look = SliceLook(title, (("status", "this rank left no dump"),))
         tracks.append(Track(process_uuid + len(tracks), "no dump", parent=process_uuid, order=-2,
                             slices=[Slice(start, max(span.end, start + 1), look)]))  # fmt: skip
@@ -367,7 +371,7 @@ def rank_timeline(
         group_uuid = process_uuid + len(tracks)
         lanes = assign_lanes(slices)
         members = group.members_label
-        description = f"process group {group.name} ({group.desc or 'no description'}), members {members}"
+        description = shown(f"process group {group.name} ({group.desc or 'no description'}), members {members}")
         tracks.append(
             Track(
                 group_uuid,
@@ -496,6 +500,7 @@ def op_look(
         name = prefix + name
     if role is not None:
         name = VICTIM + name
+    name = shown(name)  # op names come from the dump; args keep them as they were
     drawn = highlights.drawn
     # An op's flow needs two drawn slices.
     shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
@@ -550,7 +555,7 @@ def findings_tracks(
         shown_keys = [k for k in finding.op_keys if drawn is None or drawn.get(k)]
         for key in shown_keys:
             highlights.finding_flows.setdefault(key, []).append(flow)
-        look = SliceLook(f"{finding.kind}: {finding.summary}", tuple(args), (flow,) if shown_keys else ())
+        look = SliceLook(shown(f"{finding.kind}: {finding.summary}"), tuple(args), (flow,) if shown_keys else ())
         item = Slice(start, span.end, look)
         tracks.append(
             Track(
@@ -575,7 +580,7 @@ def _never_issued_marker(op: MatchedOp, highlights: Highlights) -> Slice:
         ("issued_by_ranks", others),
     )
     flows = tuple(highlights.finding_flows.get(op.op_key, ()))
-    return Slice(op.first_time_ns, None, SliceLook(NEVER_ISSUED + op.title, args, flows, op.op_key))
+    return Slice(op.first_time_ns, None, SliceLook(shown(NEVER_ISSUED + op.title), args, flows, op.op_key))
 
 
 def _shared_args(
@@ -628,21 +633,22 @@ def stack_strings(frames: tuple[Frame, ...]) -> tuple[str, ...]:
 
 
 def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
-    """Split time-ordered slices into lanes in which no two slices overlap (first fit)."""
+    """Split time-ordered slices into lanes in which no two slices overlap: each slice goes into the
+    lowest-numbered lane free at its start (first fit), in n log n: lanes that came free wait in a heap
+    by number, busy ones in a heap by when they end."""
     if _one_lane(slices):
         return [slices] if slices else []
     lanes: list[list[Slice]] = []
-    lane_ends: list[int] = []
+    busy: list[tuple[int, int]] = []  # (end, lane number)
+    free: list[int] = []  # lane numbers
     for s in sorted(slices, key=lambda s: (s.start, s.end if s.end is not None else s.start)):
-        end = s.end if s.end is not None else s.start
-        for number, lane_end in enumerate(lane_ends):
-            if lane_end <= s.start:
-                lanes[number].append(s)
-                lane_ends[number] = end
-                break
-        else:
-            lanes.append([s])
-            lane_ends.append(end)
+        while busy and busy[0][0] <= s.start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        number = heapq.heappop(free) if free else len(lanes)
+        if number == len(lanes):
+            lanes.append([])
+        lanes[number].append(s)
+        heapq.heappush(busy, (s.end if s.end is not None else s.start, number))
     return lanes
 
 
@@ -686,11 +692,11 @@ def rank_notes(job: Job, span: TimeSpan) -> dict[int, list[Slice]]:
         name = f"{'in a collective, ' if in_collective else 'stuck '}in {frame.name} " \
                f"({os.path.basename(frame.filename)}:{frame.line})"  # fmt: skip
         args = (("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)), *timing)
-        notes.setdefault(rank, []).append(Slice(at, None, SliceLook("⌖ " + name, args, callstack=thread.frames)))
+        notes.setdefault(rank, []).append(Slice(at, None, SliceLook(shown("⌖ " + name), args, callstack=thread.frames)))
     for event in job.log_events:
         at, timing = place(event.time_ns)
         args = (("line", event.line), ("source", event.source), *sorted(event.details.items()), *timing)
-        look = SliceLook(f"✗ {LOG_LABELS.get(event.kind, event.kind)}: {event.line[:100]}", args)
+        look = SliceLook(shown(f"✗ {LOG_LABELS.get(event.kind, event.kind)}: {event.line[:100]}"), args)
         notes.setdefault(event.rank, []).append(Slice(at, None, look))
     for items in notes.values():
         items.sort(key=lambda s: s.start)

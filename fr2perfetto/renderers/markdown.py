@@ -10,18 +10,15 @@ from .. import __version__
 from ..diagnose import Diagnosis
 from ..job import Job
 from ..model import Finding, MatchedOp, ranks_label, state_entry
+from ..text import code_block, markdown_text, shown
 
 MAX_FINDINGS = 20
 MAX_FRAMES = 12
 
 
 def _cell(text: object) -> str:
-    """Text for a table cell: no pipe, no newline, no HTML from a dump."""
-    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ") or " "
-
-
-def _text(text: str) -> str:
-    return html.escape(text, quote=False)
+    """Text for a table cell: one line that starts nothing (``markdown_text`` escapes ``|`` too)."""
+    return markdown_text(str(text)) or " "
 
 
 def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, command: str) -> str:
@@ -30,9 +27,9 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
     lines = [
         f"## fr2perfetto verdict: {verdict.status.upper()}",
         "",
-        f"**{_text(verdict.summary)}**",
+        f"**{markdown_text(verdict.summary)}**",
         "",
-        f"Root cause: {_text(verdict.category)}.",
+        f"Root cause: {markdown_text(verdict.category)}.",
         "",
     ]
     if verdict.culprit_ranks:
@@ -48,13 +45,13 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         + "."
     )
     if diagnosis.notes:
-        lines += ["", "From the logs:", ""] + [f"- {_text(note)}" for note in diagnosis.notes]
+        lines += ["", "From the logs:", ""] + [f"- {markdown_text(note)}" for note in diagnosis.notes]
     if diagnosis.findings:
         lines += ["", "### Findings", ""]
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS], start=1):
         culprits = f" (culprit {ranks_label(finding.culprit_ranks)})" if finding.culprit_ranks else ""
-        lines.append(f"{number}. **{finding.kind}**{culprits}: {_text(finding.summary)}")
-        lines += [f"   - {_text(line)}" for line in finding.evidence]
+        lines.append(f"{number}. **{markdown_text(finding.kind)}**{culprits}: {markdown_text(finding.summary)}")
+        lines += [f"   - {markdown_text(line)}" for line in finding.evidence]
         if finding.culprit_frames:
             rank = finding.culprit_ranks[0]
             frames = [f"{f.name} ({f.filename}:{f.line})" for f in finding.culprit_frames[:MAX_FRAMES]]
@@ -62,9 +59,7 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
                 "",
                 f"   <details><summary>stack of rank {rank} (innermost first)</summary>",
                 "",
-                "   ```",
-                *["   " + frame.replace("`", "'") for frame in frames],
-                "   ```",
+                *code_block(frames, indent="   "),
                 "",
                 "   </details>",
                 "",
@@ -72,7 +67,7 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
     hidden = len(diagnosis.findings) - MAX_FINDINGS
     if hidden > 0:
         lines.append(f"… and {hidden} more findings (`--format json` has them all).")
-    lines += ["", f"<sub>fr2perfetto {__version__} · <code>{_text(command)}</code></sub>", ""]
+    lines += ["", f"<sub>fr2perfetto {__version__} · <code>{html.escape(shown(command))}</code></sub>", ""]
     return "\n".join(lines)
 
 

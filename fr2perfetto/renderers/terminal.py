@@ -9,6 +9,7 @@ from rich.text import Text
 from ..diagnose import HANG, HEALTHY, MISMATCH_STATUS, Diagnosis, Finding
 from ..job import Job
 from ..model import ranks_label
+from ..text import shown
 
 STATUS_STYLE = {HANG: "bold white on red", MISMATCH_STATUS: "bold white on dark_orange", HEALTHY: "bold white on green"}
 MAX_FINDINGS_SHOWN = 12
@@ -25,7 +26,7 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
         head.append(", ".join(str(r) for r in verdict.culprit_ranks[:16]), style="bold red")
         if len(verdict.culprit_ranks) > 16:
             head.append(f" (+{len(verdict.culprit_ranks) - 16} more)")
-    body = [head, Text(verdict.summary), Text(f"Root cause: {verdict.category}", style="italic")]
+    body = [head, Text(shown(verdict.summary)), Text(f"Root cause: {shown(verdict.category)}", style="italic")]
     console.print(Panel(Group(*body), title="fr2perfetto verdict", title_align="left", width=min(console.width, 100)))
     missing = job.missing_ranks
     console.print(
@@ -35,7 +36,7 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
     if diagnosis.notes:
         console.print(Text("From the logs:", style="bold"))
         for line in diagnosis.notes:
-            console.print(Text("  • " + line))
+            console.print(Text("  • " + shown(line)))
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS_SHOWN], start=1):
         _finding(console, number, finding)
     hidden = len(diagnosis.findings) - MAX_FINDINGS_SHOWN
@@ -45,17 +46,17 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
 
 def _finding(console: Console, number: int, finding: Finding) -> None:
     console.print()
-    title = Text(f"{number}. {finding.kind}", style="bold")
+    title = Text(f"{number}. {shown(finding.kind)}", style="bold")
     if finding.culprit_ranks:
         title.append(f"  culprit {ranks_label(finding.culprit_ranks)}", style="red")
     console.print(title)
-    console.print(Text(finding.summary))
+    console.print(Text(shown(finding.summary)))
     for line in finding.evidence:
-        console.print(Text("  • " + line, style="dim"))
+        console.print(Text("  • " + shown(line), style="dim"))
     if finding.culprit_frames:
         console.print(Text(f"  stack of rank {finding.culprit_ranks[0]} (innermost first):"))
         for frame in finding.culprit_frames[:MAX_FRAMES_SHOWN]:
-            console.print(Text(f"    {frame.name}  {short_path(frame.filename)}:{frame.line}", style="cyan"))
+            console.print(Text(shown(f"    {frame.name}  {short_path(frame.filename)}:{frame.line}"), style="cyan"))
         if len(finding.culprit_frames) > MAX_FRAMES_SHOWN:
             console.print(Text(f"    … {len(finding.culprit_frames) - MAX_FRAMES_SHOWN} more frames"))
 
