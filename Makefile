@@ -45,6 +45,8 @@ proto: install-test
 samples: install-test
 	rm -rf samples/gloo samples/nccl
 	$(BIN)/python samples/gloo_jobs.py samples/gloo healthy skip skip_subgroup deadlock size_mismatch dtype_mismatch type_mismatch order_swap data_ops grid_3d grid_3d_skip
+	$(BIN)/python samples/gloo_pipeline.py samples/gloo pipeline_stopped
+	$(BIN)/python samples/gloo_pipeline.py samples/gloo pipeline_healthy
 	$(BIN)/python samples/nccl_layout.py samples/nccl
 	$(BIN)/python samples/nccl_sim.py samples/nccl
 

@@ -8,7 +8,9 @@
 Every rank then writes ``<folder>/<prefix><rank>`` (``nccl_trace_rank_`` on GPUs, ``gloo_trace_rank_``
 otherwise), which ``fr2perfetto convert <folder>`` reads as is, and beside it ``<file>.ended``: how the
 process ended (``exit``, ``exception: ...``, ``signal SIGTERM``), or ``running`` for a dump taken on
-request. The only module of fr2perfetto that needs torch, and it imports torch only when called.
+request. A dump taken on request also writes where the rank's threads are,
+``stacks_rank_<rank>_<time>.txt``: what gloo's dumps cannot show (its sends and recvs are not
+recorded). The only module of fr2perfetto that needs torch, and it imports torch only when called.
 
 When dumps are written:
 
@@ -51,6 +53,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
@@ -86,7 +89,7 @@ def configure(folder: str, *, buffer_size: int = 2000, timing: bool = False, sta
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(folder, PIPE_PREFIX),
-        "TORCH_NCCL_TRACE_CPP_STACK": "0",
+        "TORCH_FR_CPP_STACK": "0",
         "TORCH_INCLUDE_STACK_TRACE": "1" if stack_traces else "0",
     }
     if timing:
@@ -172,9 +175,26 @@ def dump(folder: str | None = None, *, reason: str = "", ended: str = "running")
         path = write_into_folder(folder, name, data)
         if ended != "running":
             _state["ended"] = ended
+        else:  # asked while it runs, perhaps hung: where its threads are says what the dump cannot
+            _write_stacks(folder, rank)
     if reason:
         print(f"fr2perfetto: rank {rank} dumped its Flight Recorder to {path} ({reason})", file=sys.stderr)
     return path
+
+
+def _write_stacks(folder: str, rank: int) -> None:
+    """Write where every thread of this process is (``faulthandler``'s traceback, the form PyTorch's
+    debug server writes) as ``stacks_rank_<rank>_<local time>.txt`` beside the dump: a request taken a
+    few times, seconds apart, shows which rank stays where (``fr2perfetto analyze`` reads them)."""
+    import faulthandler
+    import tempfile
+
+    now = time.time()
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now)) + f"_{int(now % 1 * 1e6):06d}"
+    with tempfile.TemporaryFile() as scratch:  # faulthandler writes to a file descriptor
+        faulthandler.dump_traceback(scratch, all_threads=True)
+        scratch.seek(0)
+        write_into_folder(folder, f"stacks_rank_{rank}_{stamp}.txt", scratch.read())
 
 
 def _try_dump(reason: str, ended: str = "running") -> None:

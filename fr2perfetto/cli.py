@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,7 +36,7 @@ from .report import build_report, report_json
 from .serve import UI_PORT, serve_once
 from .speedups import SPEEDUPS
 from .text import shown
-from .trigger import trigger_dumps
+from .trigger import signal_ranks, trigger_dumps
 
 app = typer.Typer(
     name="fr2perfetto",
@@ -393,16 +394,34 @@ def trigger(
     folder: Annotated[
         Path, typer.Argument(help="The folder given to fr2perfetto.capture.configure.", show_default=False)
     ],
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="How many times to ask.")] = 3,
+    every: Annotated[float, typer.Option("--every", min=0.0, max=3600.0, help="Seconds between rounds.")] = 2.0,
 ) -> None:
-    """Ask running NCCL ranks to dump now, through the debug pipes PyTorch made in FOLDER."""
+    """Ask every running rank to dump now: the ranks of a job set up with fr2perfetto.capture on this host
+    (by their dump signal; each also writes where its threads are), and NCCL ranks anywhere through
+    PyTorch's debug pipes in FOLDER. Several rounds, seconds apart, so that the stack snapshots show
+    which rank stays where."""
     problems: list[str] = []
-    written = trigger_dumps(str(folder), problems)
-    for problem in problems:
+    signalled: set[int] = set()
+    written: set[str] = set()
+    for number in range(rounds):
+        signalled.update(signal_ranks(str(folder), None, problems))
+        written.update(trigger_dumps(str(folder), problems))
+        if number == 0 and not signalled and not written:
+            break
+        if number + 1 < rounds:
+            time.sleep(every)
+    for problem in dict.fromkeys(problems):
         _warning(problem)
-    if not written:
-        _error(f"{folder}: no rank's debug pipe is open there (is the job running with capture?)")
+    if not signalled and not written:
+        _error(
+            f"{folder}: no rank to ask there: no rank file of a running capture on this host, and no NCCL rank's "
+            "debug pipe open (is the job running with fr2perfetto.capture?)"
+        )
         raise typer.Exit(EXIT_UNUSABLE)
-    out.print(f"Asked {len(written)} ranks to dump into {folder}.")
+    asked = len(signalled) + len(written)
+    times = f", {rounds} times {every:g} s apart" if rounds > 1 else ""
+    out.print(f"Asked {asked} {'rank' if asked == 1 else 'ranks'} to dump into {shown(str(folder))}{times}.")
 
 
 @app.command(

@@ -80,8 +80,10 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     drawn = drawn_counts(index, view) if view.folded else None
     diagnosis = analysis.diagnosis
     offsets = diagnosis.evidence.clocks.offsets if diagnosis.evidence is not None else {}
-    finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets)
-    highlights.rank_notes = rank_notes(job, span)
+    with_snapshots = {rank for rank, _ in view.processes if rank in job.snapshots}
+    finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets,
+                                                 with_snapshots)  # fmt: skip
+    highlights.rank_notes = rank_notes(job, span, highlights)
     scene = _Scene(job, index, span, highlights, view)
     as_json = output_format(path) == "json"
     with _destination(path) as raw, _maybe_gzip(raw, path) as out:
@@ -125,6 +127,8 @@ def _focus(
             window += [op.first_time_ns] * bool(op.missing)  # where a rank's "never issued" is drawn
     number = diagnosis.findings.index(finding) + 1
     selected = next((t.slices[0] for t in finding_tracks if t.uuid == FINDINGS_UUID + number and t.slices), None)
+    if not window and finding.window is not None:
+        window = list(finding.window)  # what no op stands for: the time its stack snapshots span
     if not window and selected is not None:
         window = [selected.start]
     # The first time drawn: no earlier than the first entry of a drawn rank, as drawn, or a finding.

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .arguments import recorded_sizes
+from .beside import KIND_CRASH, KIND_STUCK_CPU, blind_spots, contradictions, rule_crashed, rule_stuck_cpu
 from .blame import Blame, assign_blame
 from .corroborate import corroborate
 from .evidence import WAIT_NOT_STARTED, Evidence, gather_evidence
+from .frozen import Freeze, find_freeze
 from .job import Job
 from .model import (
     INCOMPLETE,
@@ -28,10 +30,10 @@ from .model import (
     MatchedOp,
     head_entry,
     inner_entries,
-    ranks_label,
     state_entry,
 )
 from .stragglers import find_stragglers
+from .words import ranks_text, verb, where
 
 # Finding kinds, as the report names them.
 KIND_MISSING = "missing"
@@ -44,7 +46,7 @@ KIND_STRAGGLER = "straggler"
 MISMATCH_KINDS = {"size": "size_mismatch", "dtype": "dtype_mismatch", "op": "type_mismatch"}
 
 # Verdict statuses and root-cause categories, in the words people use.
-HANG, MISMATCH_STATUS, HEALTHY, UNDECIDED = "hang", "mismatch", "healthy", "undecided"
+HANG, MISMATCH_STATUS, HEALTHY, UNDECIDED, CRASH = "hang", "mismatch", "healthy", "undecided", "crash"
 CATEGORY_NEVER_REACHED = "a rank never reached the collective (CPU-side divergence or a stuck rank)"
 CATEGORY_DEADLOCK = "deadlock across process groups (ranks wait for each other in different groups)"
 CATEGORY_ARGUMENTS = "wrong collective arguments (ranks disagree on op, size or dtype)"
@@ -53,6 +55,9 @@ CATEGORY_NOT_STARTED = "a rank's GPU never started the op (a kernel of its own h
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
 CATEGORY_STRAGGLER = "slow rank (a straggler enqueues collectives late)"
 CATEGORY_CRASH = "a rank crashed (its log says why) and left no dump"
+CATEGORY_OWN_ERROR = "a rank failed of an error of its own (its log says which); the others' failures followed"
+CATEGORY_STUCK_CPU = "a rank stays in its own code (a loop, a data loader, I/O) while the others wait for it"
+CATEGORY_CONTRADICTED = "the dumps show no problem, but what lies beside them says the job failed or stopped"
 CRASH_SAYS = "'s log says: "
 CATEGORY_NONE = "none"
 
@@ -77,6 +82,8 @@ class Diagnosis:
     evidence: Evidence | None = None
     roles: dict[tuple[int, int], str] = field(default_factory=dict)  # see ``victim_roles``
     notes: list[str] = field(default_factory=list)  # what the logs say, checked against the dumps
+    caveats: list[str] = field(default_factory=list)  # what these dumps cannot show (``beside.blind_spots``)
+    freeze: Freeze | None = None  # the window in which no rank moved, from the stack snapshots
 
 
 @dataclass(slots=True)
@@ -85,20 +92,6 @@ class _Context:
 
     evidence: Evidence
     blame: Blame
-
-
-def where(op: MatchedOp) -> str:
-    """``all_reduce #4 of default_pg (pg 0, 4 ranks)``."""
-    return f"{op.title} of {op.group.desc or 'pg ' + op.group.name} (pg {op.group.name}, {len(op.group.members)} ranks)"
-
-
-def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ranks_label(ranks)
-
-
-def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
-    """``rank 3 waits`` / ``ranks 0-2 wait``."""
-    return f"{ranks_text(ranks)} {singular if len(ranks) == 1 else plural}"
 
 
 def last_op_text(evidence: Evidence, rank: int) -> str:
@@ -551,16 +544,24 @@ _WEIGHT = {
     "dtype_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
     KIND_STUCK: (HANG, CATEGORY_GPU_HANG),
     KIND_STRAGGLER: (HEALTHY, CATEGORY_STRAGGLER),
+    KIND_STUCK_CPU: (HANG, CATEGORY_STUCK_CPU),
+    KIND_CRASH: (CRASH, CATEGORY_OWN_ERROR),
 }
 _CAUSES_BY_THEMSELVES = {KIND_DEADLOCK, KIND_STUCK, *MISMATCH_KINDS.values()}
 
 
-def verdict(findings: list[Finding], ops: list[MatchedOp], timed: bool = True) -> Verdict:
+def verdict(
+    findings: list[Finding], ops: list[MatchedOp], timed: bool = True, contradicted: list[str] | None = None
+) -> Verdict:
     """Weigh the findings: root causes first (findings that blame a rank, deadlocks, ops that are causes
     by themselves), earliest first; stragglers last. The first decides status and category.
 
     Without start events (``timed`` false) an op every member is in and none completed may be queued
-    behind something on every rank: such a "stuck" op comes after every other root cause."""
+    behind something on every rank: such a "stuck" op comes after every other root cause.
+
+    ``contradicted``: signs beside the dumps that the job failed or stopped (``beside.contradictions``):
+    with any of them, a job the dumps find nothing wrong with is never healthy, but undecided, and the
+    first of them is said."""
     informational = [f for f in findings if f.kind == KIND_STRAGGLER]
     blaming = [
         f for f in findings
@@ -568,27 +569,12 @@ def verdict(findings: list[Finding], ops: list[MatchedOp], timed: bool = True) -
                                          or f.kind == KIND_P2P or f.kind == KIND_NOT_STARTED)
     ]  # fmt: skip
     if not blaming:
-        unfinished = [op for op in ops if op.status == INCOMPLETE]
-        if unfinished and not informational:
-            op = unfinished[0]
-            return Verdict(
-                UNDECIDED,
-                (),
-                CATEGORY_NONE,
-                f"undecided: {where(op)} did not complete on every rank, and the dumps do not say why",
-                [f"{len(unfinished)} ops did not complete everywhere."],
-            )
-        if informational:
-            top = informational[0]
-            culprits = tuple(dict.fromkeys(r for f in informational for r in f.culprit_ranks))
-            return Verdict(HEALTHY, culprits, CATEGORY_STRAGGLER, f"{HEALTHY}: {top.summary}",
-                           [f.summary for f in informational])  # fmt: skip
-        no_dump = [f for f in findings if f.kind == KIND_NO_DUMP]
-        if no_dump:  # a rank whose dump is lost, that no rank waits for: healthy as far as the dumps show
-            return Verdict(HEALTHY, (), CATEGORY_NONE,
-                           f"healthy: every op matched on every rank with a dump; {no_dump[0].summary}",
-                           [no_dump[0].summary])  # fmt: skip
-        return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
+        quiet = _without_a_cause(findings, ops, informational)
+        if quiet.status == HEALTHY and contradicted:
+            what = quiet.summary.removeprefix(f"{HEALTHY}: ")
+            return Verdict(UNDECIDED, (), CATEGORY_CONTRADICTED, f"{UNDECIDED}: {what}, but {contradicted[0]}",
+                           [*contradicted, *quiet.evidence])  # fmt: skip
+        return quiet
     ranked = sorted(
         blaming,
         key=lambda f: (
@@ -612,6 +598,32 @@ def verdict(findings: list[Finding], ops: list[MatchedOp], timed: bool = True) -
     return Verdict(status, tuple(culprits), category, summary, [f.summary for f in ranked + informational])
 
 
+def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informational: list[Finding]) -> Verdict:
+    """The verdict where no finding is a root cause: undecided where ops did not complete, else healthy
+    (with stragglers named, or the lost dumps nobody waits for)."""
+    unfinished = [op for op in ops if op.status == INCOMPLETE]
+    if unfinished and not informational:
+        op = unfinished[0]
+        return Verdict(
+            UNDECIDED,
+            (),
+            CATEGORY_NONE,
+            f"undecided: {where(op)} did not complete on every rank, and the dumps do not say why",
+            [f"{len(unfinished)} ops did not complete everywhere."],
+        )
+    if informational:
+        top = informational[0]
+        culprits = tuple(dict.fromkeys(r for f in informational for r in f.culprit_ranks))
+        return Verdict(HEALTHY, culprits, CATEGORY_STRAGGLER, f"{HEALTHY}: {top.summary}",
+                       [f.summary for f in informational])  # fmt: skip
+    no_dump = [f for f in findings if f.kind == KIND_NO_DUMP]
+    if no_dump:  # a rank whose dump is lost, that no rank waits for: healthy as far as the dumps show
+        return Verdict(HEALTHY, (), CATEGORY_NONE,
+                       f"healthy: every op matched on every rank with a dump; {no_dump[0].summary}",
+                       [no_dump[0].summary])  # fmt: skip
+    return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
+
+
 def _gpu_side_first(ranked: list[Finding]) -> list[Finding]:
     """A culprit whose kernel never started also never issued later ops (its CPU waits for its GPU at
     the next sync): that it never started says why, so that finding leads."""
@@ -632,12 +644,18 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
     # A deadlock already explains the missing ops it is made of.
     deadlocked = {k for f in findings if f.kind == KIND_DEADLOCK for k in f.op_keys}
     findings = [f for f in findings if not (f.kind == KIND_MISSING and set(f.op_keys) <= deadlocked)]
+    freeze = find_freeze(job)
+    if not any(f.culprit_ranks and f.kind != KIND_STRAGGLER for f in findings):
+        # the dumps name no culprit: what lies beside them may (``beside``)
+        findings += rule_stuck_cpu(job, freeze) + rule_crashed(job)
     findings, notes = corroborate(evidence, findings)
-    weighed = verdict(findings, ops, evidence.timed)
+    weighed = verdict(findings, ops, evidence.timed, contradictions(job, freeze))
     weighed.evidence += notes
+    caveats = blind_spots(job)
+    weighed.evidence += caveats
     if CRASH_SAYS in weighed.summary:
         weighed.category = CATEGORY_CRASH
-    return Diagnosis(weighed, findings, evidence, victim_roles(context), notes)
+    return Diagnosis(weighed, findings, evidence, victim_roles(context), notes, caveats, freeze)
 
 
 def victim_roles(context: _Context) -> dict[tuple[int, int], str]:

@@ -37,6 +37,8 @@ class Job:
     group_of: dict[tuple[int, str], Group]
     problems: list[LoadProblem] = field(default_factory=list)
     stacks: dict[int, StackSnapshot] = field(default_factory=dict)  # rank -> its snapshot at the dumps' time
+    # rank -> every snapshot of it, oldest first (those whose time is known; the others after them)
+    snapshots: dict[int, list[StackSnapshot]] = field(default_factory=dict)
     log_events: list[LogEvent] = field(default_factory=list)
     _by_rank: dict[int, list[Group]] | None = None
     _ranks: list[int] | None = None
@@ -230,7 +232,8 @@ def load_job(
                                     "(their text holds names and paths)", fatal=False))  # fmt: skip
     job = build_job(dumps, problems)
     if not redact:
-        job.stacks, job.log_events = _evidence(found, dumps, job.problems)
+        job.snapshots, job.log_events = _evidence(found, dumps, job.problems)
+        job.stacks = _choose_snapshots(job.snapshots, _dumped_at(dumps))
     return job
 
 
@@ -254,12 +257,17 @@ def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[Load
 DEFAULT_GROUP = "0"  # the name PyTorch gives the group init_process_group makes (the first one named)
 
 
+def _dumped_at(dumps: dict[int, RankDump]) -> int | None:
+    """The last time any dump recorded: about when they were taken."""
+    ends = [d.time_range[1] for d in dumps.values() if d.time_range]
+    return max(ends) if ends else None
+
+
 def _evidence(
     found: Found, dumps: dict[int, RankDump], problems: list[LoadProblem]
-) -> tuple[dict[int, StackSnapshot], list[LogEvent]]:
-    """Each rank's stack snapshot nearest before the dumps' time, and every log event."""
-    ends = [d.time_range[1] for d in dumps.values() if d.time_range]
-    dumped_at = max(ends) if ends else None
+) -> tuple[dict[int, list[StackSnapshot]], list[LogEvent]]:
+    """Every rank's stack snapshots, oldest first, and every log event."""
+    dumped_at = _dumped_at(dumps)
     year = None
     if dumped_at is not None:
         import datetime
@@ -286,18 +294,18 @@ def _evidence(
         notes = []
         events += parse_log(text, path_text(source.path), year, notes)
         problems += [LoadProblem(source.path, note, fatal=False) for note in notes]
-    return _choose_snapshots(snapshots, dumped_at), events
+    by_rank: dict[int, list[StackSnapshot]] = defaultdict(list)
+    for snapshot in sorted(snapshots, key=lambda s: (s.time_ns is None, s.time_ns or 0)):
+        by_rank[snapshot.rank].append(snapshot)
+    return dict(sorted(by_rank.items())), events
 
 
 SNAPSHOT_MARGIN_NS = 60_000_000_000  # a snapshot this much after the dumps still counts as taken with them
 
 
-def _choose_snapshots(snapshots: list[StackSnapshot], dumped_at: int | None) -> dict[int, StackSnapshot]:
+def _choose_snapshots(by_rank: dict[int, list[StackSnapshot]], dumped_at: int | None) -> dict[int, StackSnapshot]:
     """Per rank, the newest snapshot taken before (or about when) the dumps were; where every snapshot
     is later (a clock or time zone apart), the earliest."""
-    by_rank: dict[int, list[StackSnapshot]] = defaultdict(list)
-    for snapshot in snapshots:
-        by_rank[snapshot.rank].append(snapshot)
     chosen = {}
     for rank, taken in by_rank.items():
         timed = sorted((s for s in taken if s.time_ns is not None), key=lambda s: s.time_ns or 0)

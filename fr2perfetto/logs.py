@@ -7,8 +7,10 @@ Recognised, in the words PyTorch writes them (the file that writes each is named
   milliseconds before timing out.`` (``ProcessGroupNCCL.cpp``, ``WorkNCCL::checkTimeout``);
 - the heartbeat monitor: ``Heartbeat monitor timed out!`` and ``watchdog got stuck for 480 seconds``
   (``ProcessGroupNCCL.cpp``, ``HeartbeatMonitor::runLoop``);
-- NCCL errors: ``NCCL error in: ...``, ``ncclRemoteError``, ``ncclSystemError``, ``unhandled cuda error``
-  (``NCCLUtils.hpp``, ``C10D_NCCL_CHECK``, and NCCL's own result names);
+- NCCL errors: ``NCCL error in: ...``, ``ncclSystemError``, ``unhandled cuda error`` (``NCCLUtils.hpp``,
+  ``C10D_NCCL_CHECK``, and NCCL's own result names);
+- failures in communication caused by another rank: gloo's timeouts and closed connections, NCCL's
+  remote errors, ``DistBackendError`` (``comm_failure``: what happened to the rank, not what it did);
 - CUDA errors: ``CUDA error: an illegal memory access was encountered`` (``c10/cuda/CUDAException.h``);
 - Python tracebacks: the exception line that ends one, with its innermost frame;
 - torchrun's ``ChildFailedError`` table: each failed rank with its exit code or signal
@@ -28,6 +30,7 @@ import re
 
 from .model import (
     LOG_CHILD_FAILED,
+    LOG_COMM_FAILURE,
     LOG_CUDA_ERROR,
     LOG_EXCEPTION,
     LOG_NCCL_ERROR,
@@ -62,6 +65,15 @@ _NCCL = re.compile(
     re.IGNORECASE,
 )
 _CUDA = re.compile(r"CUDA error: (.+)")
+# What a rank sees when a collective or a transfer fails because of another rank: gloo's timeouts
+# (``unbound_buffer.cc``: "Timed out waiting 3000ms for recv operation to complete"; ``pair.cc``:
+# "Application timeout caused pair closure", "Connection closed by peer"), NCCL's remote errors, c10d's
+# DistBackendError and monitored_barrier's timeout (``ProcessGroupGloo.cpp``)
+_COMM_FAILURE = re.compile(
+    r"Timed out waiting \d{1,12}ms for (?:send|recv) operation|Application timeout caused pair closure|"
+    r"Connection closed by peer|Connection reset by peer|DistBackendError|ncclRemoteError|"
+    r"remote process exited or there was a network error|timed out in monitoredBarrier"
+)
 _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION = re.compile(
     r"^([A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Failure|Warning)|KeyboardInterrupt)(:.*)?$"
@@ -126,6 +138,9 @@ def parse_log(text: str, source: str, year_of: int | None = None, notes: list[st
             add(rank, LOG_WATCHDOG_STUCK, body, number, timed(line))
         elif match := _CUDA.search(line):
             add(rank, LOG_CUDA_ERROR, body, number, timed(line), error=match.group(1)[:200])
+        elif _COMM_FAILURE.search(line):
+            if rank not in traceback or not _EXCEPTION.match(body.strip()):  # else taken below, with its frame
+                add(rank, LOG_COMM_FAILURE, body, number, timed(line))
         elif _NCCL.search(line):
             add(rank, LOG_NCCL_ERROR, body, number, timed(line))
         stripped = body.strip()
@@ -135,7 +150,10 @@ def parse_log(text: str, source: str, year_of: int | None = None, notes: list[st
             traceback[rank] = (traceback[rank][0], frame)
         elif rank in traceback and _EXCEPTION.match(stripped):
             _, innermost = traceback.pop(rank)
-            add(rank, LOG_EXCEPTION, stripped, number, timed(line), where=innermost or "")
+            # a collective that failed because a peer went or timed out is what happened to this rank,
+            # not what it did: a failure in communication, not an error of its own
+            kind = LOG_COMM_FAILURE if _COMM_FAILURE.search(stripped) else LOG_EXCEPTION
+            add(rank, kind, stripped, number, timed(line), where=innermost or "")
         failed = _child_failure(stripped, child, year)
         if failed is not None:
             failed_rank, what, failed_at, code = failed

@@ -203,7 +203,9 @@ class StackSnapshot:
 LOG_WATCHDOG_TIMEOUT, LOG_WATCHDOG_STUCK, LOG_NCCL_ERROR, LOG_CUDA_ERROR, LOG_EXCEPTION, LOG_CHILD_FAILED = (
     "watchdog_timeout", "watchdog_stuck", "nccl_error", "cuda_error", "exception", "child_failed",
 )  # fmt: skip
+LOG_COMM_FAILURE = "comm_failure"  # a collective or transfer failed because of another rank (a timeout...)
 CRASHES = (LOG_NCCL_ERROR, LOG_CUDA_ERROR, LOG_EXCEPTION, LOG_CHILD_FAILED)  # the rank died of it
+OWN_ERRORS = (LOG_NCCL_ERROR, LOG_CUDA_ERROR, LOG_EXCEPTION)  # an error of the rank's own, not another's
 
 
 @dataclass(slots=True)
@@ -324,6 +326,7 @@ class Finding:
     time_ns: int
     culprit_frames: tuple[Frame, ...] = ()
     op_keys: tuple[int, ...] = ()  # the matched ops it is about
+    window: tuple[int, int] | None = None  # the time it is about, where no op says (stack snapshots)
 
 
 MAX_RANK = 1 << 24  # ranks at or beyond this are refused: no job has them, and they would size tables

@@ -171,8 +171,9 @@ def _rank_from_path(path: str) -> int | None:
 
 
 def main_thread(snapshot: StackSnapshot) -> ThreadStack | None:
-    """The thread that runs the script: py-spy's ``MainThread``, else the one whose outermost frame is
-    the script's ``<module>``, else the last one listed that is not the dumping thread."""
+    """The thread that runs the script, the one judged: py-spy's ``MainThread``, else the one whose
+    outermost frame is the script's ``<module>``, else the last one listed that is not the dumping
+    thread (faulthandler lists threads newest first: the main thread, the oldest, comes last)."""
     for thread in snapshot.threads:
         if thread.name == "MainThread":
             return thread
@@ -189,6 +190,9 @@ _LIBRARY_FILES = {
     "threading.py", "queue.py", "selectors.py", "socket.py", "subprocess.py", "connection.py",
     "synchronize.py", "popen_fork.py", "pool.py", "thread.py", "_base.py", "process.py", "ssl.py", "tempfile.py",
 }  # fmt: skip
+_DISTRIBUTED = re.compile(r"torch[/\\]distributed[/\\]")
+_COMMUNICATION_FILES = ("distributed_c10d.py", "c10d_logger.py")
+_COMMUNICATION_CALL = re.compile(r"wait|recv|send|barrier|reduce|gather|scatter|broadcast|all_to_all|p2p|collective")
 
 
 def _library(filename: str) -> bool:
@@ -199,11 +203,26 @@ def _library(filename: str) -> bool:
     )
 
 
+def communication_call(thread: ThreadStack) -> Frame | None:
+    """The communication call a thread waits in, or None: its innermost frame, when that is
+    torch.distributed's code of a collective, a send or recv, or a wait on one (``all_reduce`` in
+    ``distributed_c10d.py``, ``_wait_batch_p2p`` in ``pipelining/schedules.py``). Those calls block in
+    C++, below their last Python frame, so the innermost Python frame is where the thread waits; a
+    thread with torch.distributed's frames further out (a pipeline stage running its module's
+    forward) is not waiting in one."""
+    inner = thread.frames[0]
+    if not _DISTRIBUTED.search(inner.filename):
+        return None
+    if inner.filename.endswith(_COMMUNICATION_FILES) or _COMMUNICATION_CALL.search(inner.name.lower()):
+        return inner
+    return None
+
+
 def where(thread: ThreadStack) -> tuple[Frame, bool]:
     """Where a thread is: its innermost frame in the script's own code (not torch's, not the standard
-    library's), and whether it is inside a collective (torch.distributed's frames above it)."""
-    in_collective = any(re.search(r"torch[/\\]distributed[/\\]", f.filename) for f in thread.frames)
+    library's), and whether it waits in a communication call (``communication_call``)."""
+    in_communication = communication_call(thread) is not None
     for frame in thread.frames:
         if not _library(frame.filename):
-            return frame, in_collective
-    return thread.frames[0], in_collective
+            return frame, in_communication
+    return thread.frames[0], in_communication

@@ -170,12 +170,16 @@ class TimeSpan:
 
 
 def time_span(job: Job) -> TimeSpan:
-    """First and last timestamps of any entry, with a margin after the last one."""
+    """First and last timestamps of any entry, with a margin after the last one; stack snapshots and log
+    events taken after the dumps' last entry (within a day of it) stretch it, so that they are on the
+    timeline and an op that never completed runs past them."""
     ranges = [dump.time_range or time_range(dump.entries) for dump in job.dumps.values()]
     known = [r for r in ranges if r is not None]
     if not known:
         return TimeSpan(0, 1_000_000)
     first, last = min(r[0] for r in known), max(r[1] for r in known)
+    beside = [s.time_ns for taken in job.snapshots.values() for s in taken] + [e.time_ns for e in job.log_events]
+    last = max([last, *(t for t in beside if t is not None and last < t < last + NOTE_WINDOW_NS)])
     margin = max((last - first) // 20, 1_000_000)
     return TimeSpan(first, last + margin)
 
@@ -217,6 +221,8 @@ class Highlights:
     # rank without a dump -> (when the others began to wait for it, in what)
     no_dump_waits: dict[int, tuple[int, str]] = field(default_factory=dict)
     finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
+    # rank -> flow ids of the findings about it that no op stands for (its stack snapshots do)
+    rank_flows: dict[int, list[int]] = field(default_factory=dict)
     # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
     drawn: dict[int, tuple[int, int]] | None = None
     # looks already built, by op and the facts of a rank's entries that go into them (see look_key)
@@ -515,12 +521,14 @@ def findings_tracks(
     drawn: dict[int, tuple[int, int]] | None = None,
     roles: dict[tuple[int, int], str] | None = None,
     clock_offsets: dict[int, int] | None = None,
+    snapshot_ranks: set[int] | frozenset[int] = frozenset(),
 ) -> tuple[list[Track], Highlights]:
     """A ``Findings`` track above all ranks, a slice per finding, and the highlights they imply.
 
     Each finding gets its own child track (they all run to the end of the trace) and a flow to
-    every op it is about. ``roles`` marks victims' slices; ``clock_offsets`` (rank -> ns its clock
-    runs ahead) are subtracted from its slices' times, and said so on the tracks.
+    every op it is about (a finding no op stands for: to its culprits' newest stack snapshots, of the
+    drawn ranks with snapshots, ``snapshot_ranks``). ``roles`` marks victims' slices; ``clock_offsets``
+    (rank -> ns its clock runs ahead) are subtracted from its slices' times, and said so on the tracks.
     """
     description = "what fr2perfetto analyze found, strongest first. Times: " + (
         f"each rank's wall clock, aligned across hosts by the offsets estimated from completion times "
@@ -555,7 +563,12 @@ def findings_tracks(
         shown_keys = [k for k in finding.op_keys if drawn is None or drawn.get(k)]
         for key in shown_keys:
             highlights.finding_flows.setdefault(key, []).append(flow)
-        look = SliceLook(shown(f"{finding.kind}: {finding.summary}"), tuple(args), (flow,) if shown_keys else ())
+        # a finding no op stands for points at where its culprits are: their newest stack snapshots
+        by_stacks = [r for r in finding.culprit_ranks if r in snapshot_ranks] if not finding.op_keys else []
+        for rank in by_stacks:
+            highlights.rank_flows.setdefault(rank, []).append(flow)
+        flows = (flow,) if shown_keys or by_stacks else ()
+        look = SliceLook(shown(f"{finding.kind}: {finding.summary}"), tuple(args), flows)
         item = Slice(start, span.end, look)
         tracks.append(
             Track(
@@ -670,12 +683,18 @@ LOG_LABELS = {
 }  # fmt: skip
 
 
-def rank_notes(job: Job, span: TimeSpan) -> dict[int, list[Slice]]:
-    """Per rank, instants for its stack snapshot ("stuck in train_step (train.py:140)", with the whole
-    stack as its callstack) and its log events, at their times, or at the end of the timeline where
-    the text gives no time (or one a day away from the dumps'), said so in the args."""
-    from .stacks import main_thread, where
+MAX_SNAPSHOTS_SHOWN = 64  # of one rank, the newest: a debug server left running writes one a minute
 
+
+def rank_notes(job: Job, span: TimeSpan, highlights: Highlights | None = None) -> dict[int, list[Slice]]:
+    """Per rank, an instant for each of its stack snapshots (where its main thread is: "waiting in
+    _wait_batch_p2p (schedules.py:683)", "in forward (train.py:29)", and for a culprit "stuck in ...",
+    with the whole stack as its callstack) and for each log event, at their times, or at the end of the
+    timeline where the text gives no time (or one a day away from the dumps'), said so in the args.
+    A culprit's newest snapshot carries the flows of the findings about it (``highlights.rank_flows``)."""
+    from .stacks import communication_call, main_thread, where
+
+    highlights = highlights or Highlights()
     notes: dict[int, list[Slice]] = {}
 
     def place(when: int | None) -> tuple[int, tuple[tuple[str, ArgValue], ...]]:
@@ -683,16 +702,25 @@ def rank_notes(job: Job, span: TimeSpan) -> dict[int, list[Slice]]:
             return when, ()
         return span.end - 1, (("time", "not known from the text: placed at the end of the timeline"),)
 
-    for rank, snapshot in job.stacks.items():
-        thread = main_thread(snapshot)
-        if thread is None:
-            continue
-        frame, in_collective = where(thread)
-        at, timing = place(snapshot.time_ns)
-        name = f"{'in a collective, ' if in_collective else 'stuck '}in {frame.name} " \
-               f"({os.path.basename(frame.filename)}:{frame.line})"  # fmt: skip
-        args = (("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)), *timing)
-        notes.setdefault(rank, []).append(Slice(at, None, SliceLook(shown("⌖ " + name), args, callstack=thread.frames)))
+    for rank, snapshots in job.snapshots.items():
+        shown_ones = snapshots[-MAX_SNAPSHOTS_SHOWN:]
+        for snapshot in shown_ones:
+            thread = main_thread(snapshot)
+            if thread is None:
+                continue
+            call = communication_call(thread)
+            frame, _ = where(thread)
+            if call is not None:
+                what = f"waiting in {call.name} ({os.path.basename(call.filename)}:{call.line})"
+            else:
+                what = f"{'stuck in' if rank in highlights.culprits else 'in'} {frame.name} " \
+                       f"({os.path.basename(frame.filename)}:{frame.line})"  # fmt: skip
+            at, timing = place(snapshot.time_ns)
+            args = (("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)),
+                    *timing)  # fmt: skip
+            flows = tuple(highlights.rank_flows.get(rank, ())) if snapshot is shown_ones[-1] else ()
+            look = SliceLook(shown("⌖ " + what), args, flows, callstack=thread.frames)
+            notes.setdefault(rank, []).append(Slice(at, None, look))
     for event in job.log_events:
         at, timing = place(event.time_ns)
         args = (("line", event.line), ("source", event.source), *sorted(event.details.items()), *timing)

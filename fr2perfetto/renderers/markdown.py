@@ -46,6 +46,8 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
     )
     if diagnosis.notes:
         lines += ["", "From the logs:", ""] + [f"- {markdown_text(note)}" for note in diagnosis.notes]
+    if diagnosis.caveats:
+        lines += ["", "What these dumps cannot show:", ""] + [f"- {markdown_text(line)}" for line in diagnosis.caveats]
     if diagnosis.findings:
         lines += ["", "### Findings", ""]
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS], start=1):

@@ -37,6 +37,10 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
         console.print(Text("From the logs:", style="bold"))
         for line in diagnosis.notes:
             console.print(Text("  • " + shown(line)))
+    if diagnosis.caveats:
+        console.print(Text("What these dumps cannot show:", style="bold"))
+        for line in diagnosis.caveats:
+            console.print(Text("  • " + shown(line)))
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS_SHOWN], start=1):
         _finding(console, number, finding)
     hidden = len(diagnosis.findings) - MAX_FINDINGS_SHOWN
