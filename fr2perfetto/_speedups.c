@@ -13,13 +13,16 @@
  *   canonical_column() is job._canonical_column, which makes the ranks' equal strings and tuples one object.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
- * - group_slices() lays out a rank's ops on one group track as timeline._op_slice does, for ops the rank
- *   issued as one entry that completed and whose look is already made; every other op goes to that twin.
+ * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
+ * - by_group() is streams._by_group, the partition of a rank's ops by group;
+ * - lay_out_collectives() lays out a rank's completed collectives as streams._group does, for those
+ *   whose looks are made; every other op goes back to streams.
  * - scan_pickle() is pickle_shape.scan: how deep and how large what a pickle describes would be,
  *   measured on a model of the unpickler's stack before anything is unpickled.
  * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
  *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
- *   varints; every other slice, and every marker, goes to the Python fallback it is given.
+ *   varints, and for an instant that stands for no entry (an enqueue); everything else goes to the
+ *   Python fallback it is given.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -590,156 +593,393 @@ error:
     return NULL;
 }
 
-static PyObject *str_op_key, *one;
 
 /* ---- laying out --------------------------------------------------------------------------------- */
 
+static PyObject *str_op_key;
+
 #define MAX_LOOK_FIELDS 16
 
-/* A tuple of the entry's fields at ``indices``, in order (what an operator.attrgetter of their names
- * returns). New reference. */
-static PyObject *fields_of(PyObject *entry, const Py_ssize_t *indices, Py_ssize_t count) {
-    PyObject *values = PyTuple_New(count);
-    for (Py_ssize_t i = 0; values != NULL && i < count; i++)
-        PyTuple_SET_ITEM(values, i, Py_NewRef(PyTuple_GET_ITEM(entry, indices[i])));
-    return values;
-}
-
-/* Read a tuple of entry field indices of at most MAX_LOOK_FIELDS items; its length, or -1. */
-static Py_ssize_t read_index_list(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t *needed) {
-    if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) > MAX_LOOK_FIELDS) {
-        PyErr_SetString(PyExc_TypeError, "bad tuple of entry field indices");
-        return -1;
-    }
-    Py_ssize_t count = PyTuple_GET_SIZE(tuple), most = 0;
-    if (read_indices(tuple, indices, count, &most) < 0) return -1;
-    if (most > *needed) *needed = most;
-    return count;
-}
-
-/* What group_slices() was given, read once. */
-typedef struct {
-    PyObject *looks, *last_looks, *slice_type, *out;
-    Py_ssize_t times[4], head_fields[MAX_LOOK_FIELDS], last_fields[MAX_LOOK_FIELDS];
-    Py_ssize_t head_count, last_count, needed;
-} Layout;
-
-/* The look of the entry last laid out here for the same op, when ``entry`` agrees with it on every
- * field that look_key reads: look_key would be equal, and looks never change once made. Borrowed;
- * NULL (no error) when there is no such entry or it differs. */
-static PyObject *look_of_last(const Layout *layout, PyObject *op_key, PyObject *entry) {
-    PyObject *last = lookup(layout->last_looks, op_key);
-    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 2) return NULL;
-    PyObject *other = PyTuple_GET_ITEM(last, 0);
-    if (!PyTuple_Check(other) || PyTuple_GET_SIZE(other) < layout->needed) return NULL;
-    for (Py_ssize_t i = 0; i < layout->head_count; i++)
-        if (!same(PyTuple_GET_ITEM(entry, layout->head_fields[i]), PyTuple_GET_ITEM(other, layout->head_fields[i])))
-            return NULL;
-    for (Py_ssize_t i = 0; i < layout->last_count; i++)
-        if (!same(PyTuple_GET_ITEM(entry, layout->last_fields[i]), PyTuple_GET_ITEM(other, layout->last_fields[i])))
-            return NULL;
-    if ((PyTuple_GET_ITEM(entry, layout->times[1]) == Py_None) != (PyTuple_GET_ITEM(other, layout->times[1]) == Py_None))
-        return NULL;
-    return PyTuple_GET_ITEM(last, 1);
-}
-
-/* The look of ``entry`` (a single completed entry of op ``op_key``) from ``looks``, by its look_key; NULL
- * (no error) when not made yet. Borrowed. */
-static PyObject *look_by_key(const Layout *layout, PyObject *op_key, PyObject *entry, int *failed) {
-    PyObject *started = PyTuple_GET_ITEM(entry, layout->times[1]);
-    PyObject *key = Py_BuildValue("(ONNOOOO)", op_key, fields_of(entry, layout->head_fields, layout->head_count),
-                                  fields_of(entry, layout->last_fields, layout->last_count),
-                                  started == Py_None ? Py_True : Py_False, Py_False, Py_False, Py_None);
-    if (key == NULL) {
-        *failed = 1;
-        return NULL;
-    }
-    PyObject *look = PyDict_GetItemWithError(layout->looks, key);
-    Py_DECREF(key);
-    if (look == NULL && PyErr_Occurred()) *failed = 1;
-    if (look == NULL) return NULL;
-    PyObject *last = PyTuple_Pack(2, entry, look);
-    if (last == NULL || PyDict_SetItem(layout->last_looks, op_key, last) < 0) *failed = 1;
-    Py_XDECREF(last);
-    return *failed ? NULL : look;
-}
-
-/* One item on the fast path: 1 with its Slice appended; 0 when the Python twin must take it; -1 on
- * error. */
-static int lay_out_one(const Layout *layout, PyObject *item) {
-    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) return 0;
-    PyObject *op = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1);
-    if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) return 0;
-    PyObject *entry = PyList_GET_ITEM(entries, 0); /* head and state entry alike, unless closed_by */
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < layout->needed) return 0;
-    PyObject *start = PyTuple_GET_ITEM(entry, layout->times[0]);
-    PyObject *completed = PyTuple_GET_ITEM(entry, layout->times[2]);
-    if (PyTuple_GET_ITEM(entry, layout->times[3]) != Py_None || !PyLong_CheckExact(start) ||
-        !PyLong_CheckExact(completed))
+/* An int field of an entry as a long long, in *out; 0 (no error) when it is not an int that fits. */
+static int int_field(PyObject *value, long long *out) {
+    if (!PyLong_CheckExact(value)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
         return 0;
-    int never = PyObject_Not(completed); /* `if last.time_completed_ns:` */
-    if (never != 0) return never < 0 ? -1 : 0;
-    PyObject *op_key = PyObject_GetAttr(op, str_op_key);
-    if (op_key == NULL) return -1;
-    int failed = 0;
-    PyObject *look = look_of_last(layout, op_key, entry);
-    if (look == NULL) look = look_by_key(layout, op_key, entry, &failed);
-    Py_DECREF(op_key);
-    if (look == NULL) return failed ? -1 : 0;
-    PyObject *end;
-    int after = PyObject_RichCompareBool(completed, start, Py_GT);
-    if (after < 0) return -1;
-    if (after) {
-        end = Py_NewRef(completed);
-    } else if ((end = PyNumber_Add(start, one)) == NULL) {
-        return -1;
     }
-    PyObject *args[5] = {start, end, look, entry, entry};
-    Py_INCREF(look); /* the call may run Python code that changes looks */
-    PyObject *slice = PyObject_Vectorcall(layout->slice_type, args, 5, NULL);
-    Py_DECREF(look);
-    Py_DECREF(end);
-    if (slice == NULL) return -1;
-    int appended = PyList_Append(layout->out, slice);
-    Py_DECREF(slice);
-    return appended < 0 ? -1 : 1;
+    return 1;
 }
 
-PyDoc_STRVAR(group_slices_doc,
-             "group_slices(items, start, looks, last_looks, slice_type, out, times, head_fields, last_fields) -> int\n\n"
-             "Lay out items[start:] (ops_by_rank items of one rank and group, in time order) as\n"
-             "timeline._op_slice would, appending each Slice to ``out``, up to the first item that is not a\n"
-             "single completed entry (not closing a coalesced group) whose look is already in ``looks``;\n"
-             "return that item's index (len(items) when none). ``last_looks``: op key -> (the entry last\n"
-             "laid out here for it, its look), kept by this function. ``times``: the indices of the\n"
-             "creation, start and completion times and closed_by; ``head_fields``, ``last_fields``: those\n"
-             "of timeline.LOOK_HEAD_FIELDS and LOOK_LAST_FIELDS.");
-
-static PyObject *group_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("group_slices", nargs, 9)) return NULL;
-    Layout layout = {.looks = args[2], .last_looks = args[3], .slice_type = args[4], .out = args[5], .needed = 0};
-    PyObject *items = args[0];
-    if (!PyList_CheckExact(items) || !PyDict_CheckExact(layout.looks) || !PyDict_CheckExact(layout.last_looks) ||
-        !PyCallable_Check(layout.slice_type) || !PyList_CheckExact(layout.out)) {
-        PyErr_SetString(PyExc_TypeError, "group_slices: bad arguments");
+/* A Slice (a tuple subclass) of six items, as tuple.__new__(Slice, items) makes it. Steals the refs. */
+static PyObject *new_slice(PyTypeObject *type, PyObject *start, PyObject *end, PyObject *look, PyObject *head,
+                           PyObject *last, PyObject *flows) {
+    PyObject *made = start && end && flows ? type->tp_alloc(type, 6) : NULL;
+    if (made == NULL) {
+        Py_XDECREF(start);
+        Py_XDECREF(end);
+        Py_XDECREF(flows);
+        Py_DECREF(look);
+        Py_DECREF(head);
+        Py_DECREF(last);
         return NULL;
     }
-    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
-    if (index == -1 && PyErr_Occurred()) return NULL;
-    if (read_indices(args[6], layout.times, 4, &layout.needed) < 0) return NULL;
-    Py_ssize_t most = layout.needed;
-    if ((layout.head_count = read_index_list(args[7], layout.head_fields, &most)) < 0) return NULL;
-    if ((layout.last_count = read_index_list(args[8], layout.last_fields, &most)) < 0) return NULL;
-    layout.needed = most;
-    for (; index >= 0 && index < PyList_GET_SIZE(items); index++) {
-        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, index));
-        int done = lay_out_one(&layout, item);
-        Py_DECREF(item);
-        if (done < 0) return NULL;
-        if (done == 0) break;
+    PyTuple_SET_ITEM(made, 0, start);
+    PyTuple_SET_ITEM(made, 1, end);
+    PyTuple_SET_ITEM(made, 2, look);
+    PyTuple_SET_ITEM(made, 3, head);
+    PyTuple_SET_ITEM(made, 4, last);
+    PyTuple_SET_ITEM(made, 5, flows);
+    return made;
+}
+
+PyDoc_STRVAR(lay_out_collectives_doc,
+             "lay_out_collectives(items, position, free, late, slices, context) -> (position, free, late)\n\n"
+             "streams._group's common case, from ``position`` on: a completed collective a rank issued as one\n"
+             "entry, on a stream nothing holds, enqueued by the thread of the last enqueue, whose looks are\n"
+             "made (and no role to add). Its slice goes to ``slices``, its enqueue to the thread's instants,\n"
+             "its lateness to the points where it changes, as streams does; stops at the first item that\n"
+             "is not so. An op whose looks are not made yet has them made by ``prepare(op, entries)`` (last in\n"
+             "the context; true: worth a second look), once. Lateness is measured on the group's clock: the\n"
+             "rank's runs ``late_offset`` (last in the context) ahead of it.");
+
+static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("lay_out_collectives", nargs, 6)) return NULL;
+    PyObject *items = args[0], *slices = args[4];
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    long long free_at = PyLong_AsLongLong(args[2]);
+    double last_late = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyTypeObject *slice_type;
+    long long offset, launch_base;
+    PyObject *points, *thread_id, *thread_name, *instants, *last_looks, *enqueue_looks, *references, *roles;
+    PyObject *entry_fields, *look_fields, *prepare;
+    long long late_offset;
+    double step;
+    if (!PyList_CheckExact(items) || !PyList_CheckExact(slices) ||
+        !PyArg_ParseTuple(args[5], "O!LLO!OOO!O!O!O!OO!O!dOL;lay_out_collectives: bad context", &PyType_Type,
+                          &slice_type, &offset, &launch_base, &PyList_Type, &points, &thread_id, &thread_name,
+                          &PyList_Type, &instants, &PyDict_Type, &last_looks, &PyDict_Type, &enqueue_looks,
+                          &PyDict_Type, &references, &roles, &PyTuple_Type, &entry_fields, &PyTuple_Type,
+                          &look_fields, &step, &prepare, &late_offset))
+        return NULL;
+    if (!PyAnySet_Check(roles)) {
+        PyErr_SetString(PyExc_TypeError, "lay_out_collectives: the rank's roles must be a set of op keys");
+        return NULL;
     }
-    return PyLong_FromSsize_t(index);
+    Py_ssize_t fields[6], looked[MAX_LOOK_FIELDS], needed, look_needed;
+    Py_ssize_t look_count = PyTuple_GET_SIZE(look_fields);
+    if (read_indices(entry_fields, fields, 6, &needed) < 0) return NULL;
+    if (look_count > MAX_LOOK_FIELDS || read_indices(look_fields, looked, look_count, &look_needed) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "too many look fields");
+        return NULL;
+    }
+    if (look_needed > needed) needed = look_needed;
+    const Py_ssize_t created_at = fields[0], started_at = fields[1], completed_at = fields[2], closed_at = fields[3];
+    const Py_ssize_t thread_id_at = fields[4], thread_name_at = fields[5];
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    for (; position < count; position++) {
+        PyObject *item = PyList_GET_ITEM(items, position);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) break;
+        PyObject *op = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) break;
+        PyObject *entry = PyList_GET_ITEM(entries, 0);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < needed) break;
+        long long created, started = 0, completed;
+        PyObject *started_value = PyTuple_GET_ITEM(entry, started_at);
+        if (PyTuple_GET_ITEM(entry, closed_at) != Py_None || !int_field(PyTuple_GET_ITEM(entry, created_at), &created) ||
+            !int_field(PyTuple_GET_ITEM(entry, completed_at), &completed) || completed == 0 ||
+            (started_value != Py_None && !int_field(started_value, &started)))
+            break;
+        if (!same(PyTuple_GET_ITEM(entry, thread_id_at), thread_id) ||
+            !same(PyTuple_GET_ITEM(entry, thread_name_at), thread_name))
+            break;
+        /* last_looks holds collectives only: a look found there says the op is one */
+        PyObject *op_key = PyObject_GetAttr(op, str_op_key);
+        if (op_key == NULL) return NULL;
+        long long key;
+        PyObject *look = NULL, *enqueue_look = NULL, *reference = NULL;
+        int fast = int_field(op_key, &key);
+        if (fast && PySet_GET_SIZE(roles) > 0) { /* a role of this rank in the op: its look is Python's */
+            fast = PySet_Contains(roles, op_key) == 0;
+            PyErr_Clear();
+        }
+        /* the first rank to meet an op has its looks made (``prepare``), once, and tries again */
+        for (int attempt = 0; fast; attempt++) {
+            PyObject *cached = PyDict_GetItemWithError(last_looks, op_key);
+            int found = cached != NULL && PyTuple_CheckExact(cached) && PyTuple_GET_SIZE(cached) == 2;
+            if (found) {
+                PyObject *before = PyTuple_GET_ITEM(cached, 0);
+                found = PyTuple_Check(before) && PyTuple_GET_SIZE(before) >= needed &&
+                        (PyTuple_GET_ITEM(before, started_at) == Py_None) == (started_value == Py_None);
+                for (Py_ssize_t i = 0; found && before != entry && i < look_count; i++)
+                    found = same(PyTuple_GET_ITEM(before, looked[i]), PyTuple_GET_ITEM(entry, looked[i]));
+                look = PyTuple_GET_ITEM(cached, 1);
+            }
+            if (found) found = (enqueue_look = PyDict_GetItemWithError(enqueue_looks, op_key)) != NULL;
+            /* when its members enqueued it (None: it has one member, and no lateness) */
+            if (found) found = (reference = PyDict_GetItemWithError(references, op_key)) != NULL;
+            if (found || attempt > 0 || PyErr_Occurred()) {
+                fast = found;
+                break;
+            }
+            PyObject *made = PyObject_CallFunctionObjArgs(prepare, op, entries, NULL);
+            if (made == NULL) {
+                Py_DECREF(op_key);
+                return NULL;
+            }
+            fast = PyObject_IsTrue(made) == 1;
+            Py_DECREF(made);
+        }
+        long long late_reference = 0;
+        int members = fast && reference != Py_None;
+        if (members) fast = int_field(reference, &late_reference);
+        Py_DECREF(op_key);
+        if (PyErr_Occurred()) return NULL;
+        if (!fast) break;
+        /* as streams._ran: from its start (or its enqueue, where start events are off), no earlier than
+         * the stream was free, to its completion; everything on the common clock */
+        long long created_here = created - offset;
+        long long start = started_value != Py_None && started != 0 ? started - offset : created_here;
+        if (start < free_at) start = free_at;
+        long long done = completed - offset;
+        long long end = done > start ? done : start + 1;
+        free_at = end;
+        PyObject *flow = PyLong_FromLongLong(launch_base + key), *flows = flow ? PyTuple_New(1) : NULL;
+        if (flows == NULL) {
+            Py_XDECREF(flow);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(flows, 0, flow);
+        Py_INCREF(flows); /* one reference for each of the two slices */
+        /* times the entry holds already (the rank's clock is the common one) are shared, not made anew */
+        PyObject *created_value = PyTuple_GET_ITEM(entry, created_at);
+        PyObject *completed_value = PyTuple_GET_ITEM(entry, completed_at);
+        PyObject *ran = new_slice(
+            slice_type,
+            offset == 0 && start == started && started_value != Py_None ? Py_NewRef(started_value)
+            : offset == 0 && start == created ? Py_NewRef(created_value) : PyLong_FromLongLong(start),
+            offset == 0 && end == completed ? Py_NewRef(completed_value) : PyLong_FromLongLong(end),
+            Py_NewRef(look), Py_NewRef(entry), Py_NewRef(entry), flows);
+        PyObject *enqueued = new_slice(slice_type,
+                                       offset == 0 ? Py_NewRef(created_value) : PyLong_FromLongLong(created_here),
+                                       Py_NewRef(Py_None), Py_NewRef(enqueue_look), Py_NewRef(Py_None),
+                                       Py_NewRef(Py_None), flows);
+        int failed = ran == NULL || enqueued == NULL || PyList_Append(slices, ran) < 0 ||
+                     PyList_Append(instants, enqueued) < 0;
+        Py_XDECREF(ran);
+        Py_XDECREF(enqueued);
+        if (failed) return NULL;
+        if (members) {
+            /* as Looks.lateness: ms after the members' median, never below 0, in steps */
+            double late = (double)(created - late_offset - late_reference) / 1e6;
+            double value = late > 0 ? nearbyint(late / step) * step : 0.0;
+            if (value != last_late) {
+                PyObject *point = Py_BuildValue("(Ld)", created_here, value);
+                if (point == NULL || PyList_Append(points, point) < 0) {
+                    Py_XDECREF(point);
+                    return NULL;
+                }
+                Py_DECREF(point);
+                last_late = value;
+            }
+        }
+    }
+    return Py_BuildValue("(nLd)", position, free_at, last_late);
+}
+
+static PyObject *str_group, *str_first_time_ns;
+
+PyDoc_STRVAR(by_group_doc,
+             "by_group(items, created_index) -> (dict, set)\n\n"
+             "streams.lay_out's partition: a rank's (op, entries) items by op.group, in the order given, and the\n"
+             "groups whose items are not in the order the rank enqueued them (entries[0]'s creation time, or\n"
+             "op.first_time_ns where it has no entry).");
+
+/* When a rank enqueued its part in an op: its first entry's creation time, or the op's first_time_ns where
+ * it has no entry. New reference; NULL with an error set. */
+static PyObject *created_of(PyObject *item, Py_ssize_t created_at) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 || !PyList_Check(PyTuple_GET_ITEM(item, 1))) {
+        PyErr_SetString(PyExc_TypeError, "by_group: items must be (op, entries) tuples");
+        return NULL;
+    }
+    PyObject *entries = PyTuple_GET_ITEM(item, 1);
+    if (!PyList_GET_SIZE(entries)) return PyObject_GetAttr(PyTuple_GET_ITEM(item, 0), str_first_time_ns);
+    PyObject *entry = PyList_GET_ITEM(entries, 0);
+    return is_entry(entry, created_at + 1) ? Py_NewRef(PyTuple_GET_ITEM(entry, created_at)) : NULL;
+}
+
+/* What by_group remembers of a group it met (held): its list (borrowed from the dict) and when the rank
+ * enqueued its last item there (``created``, or ``created_object`` where that is not a small int). */
+typedef struct {
+    PyObject *group, *list, *created_object;
+    long long created;
+} GroupSeen;
+
+#define GROUPS_SEEN 16
+
+static PyObject *by_group(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("by_group", nargs, 2)) return NULL;
+    PyObject *items = args[0];
+    Py_ssize_t created_at = PyLong_AsSsize_t(args[1]);
+    if (created_at == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "by_group: items must be a list");
+        return NULL;
+    }
+    /* a rank's ops are in a few groups: the last ones met are found by identity, without hashing */
+    GroupSeen seen[GROUPS_SEEN] = {{0}};
+    int seen_count = 0;
+    PyObject *groups = PyDict_New(), *unordered = PySet_New(NULL), *result = NULL;
+    if (groups == NULL || unordered == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *created = created_of(item, created_at);
+        if (created == NULL) goto done;
+        long long created_value = 0;
+        int small = int_field(created, &created_value);
+        PyObject *group = PyObject_GetAttr(PyTuple_GET_ITEM(item, 0), str_group);
+        if (group == NULL) {
+            Py_DECREF(created);
+            goto done;
+        }
+        GroupSeen *known = NULL;
+        for (int k = 0; k < seen_count && known == NULL; k++)
+            if (seen[k].group == group) known = &seen[k];
+        if (known == NULL) {
+            PyObject *list = PyDict_GetItemWithError(groups, group);
+            int failed = PyErr_Occurred() != NULL;
+            if (!failed && list == NULL) {
+                list = PyList_New(0);
+                failed = list == NULL || PyDict_SetItem(groups, group, list) < 0;
+                Py_XDECREF(list); /* the dict holds it */
+            }
+            if (failed) {
+                Py_DECREF(group);
+                Py_DECREF(created);
+                goto done;
+            }
+            /* a group equal to one met but not the same object shares its list, and what came before */
+            for (int k = 0; k < seen_count && known == NULL; k++)
+                if (seen[k].list == list) known = &seen[k];
+        }
+        if (known == NULL) {
+            PyObject *list = PyDict_GetItem(groups, group); /* found or made just above */
+            GroupSeen *slot = &seen[seen_count < GROUPS_SEEN ? seen_count++ : (int)(i % GROUPS_SEEN)];
+            Py_CLEAR(slot->created_object);
+            /* the list is met for the first time, or again after its slot was taken: what came before
+             * in it says when the rank enqueued its last item */
+            Py_XSETREF(slot->group, Py_NewRef(group)); /* held: no other object takes its address */
+            slot->list = list;
+            if (PyList_GET_SIZE(list) > 0) {
+                slot->created_object = created_of(PyList_GET_ITEM(list, PyList_GET_SIZE(list) - 1), created_at);
+                if (slot->created_object == NULL) {
+                    Py_DECREF(group);
+                    Py_DECREF(created);
+                    goto done;
+                }
+            }
+            known = slot;
+        }
+        Py_DECREF(group);
+        /* was the group's previous item enqueued later than this one? */
+        int earlier = 0;
+        if (PyList_GET_SIZE(known->list) > 0) {
+            if (known->created_object == NULL && small)
+                earlier = created_value < known->created;
+            else {
+                PyObject *before = known->created_object;
+                PyObject *made = before == NULL ? PyLong_FromLongLong(known->created) : NULL;
+                earlier = before || made ? PyObject_RichCompareBool(created, before ? before : made, Py_LT) : -1;
+                Py_XDECREF(made);
+            }
+        }
+        Py_CLEAR(known->created_object);
+        if (small)
+            known->created = created_value;
+        else
+            known->created_object = Py_NewRef(created);
+        Py_DECREF(created);
+        if (earlier < 0 || (earlier && PySet_Add(unordered, known->group) < 0) || PyList_Append(known->list, item) < 0)
+            goto done;
+    }
+    result = PyTuple_Pack(2, groups, unordered);
+done:
+    for (int k = 0; k < seen_count; k++) {
+        Py_XDECREF(seen[k].group);
+        Py_XDECREF(seen[k].created_object);
+    }
+    Py_XDECREF(groups);
+    Py_XDECREF(unordered);
+    return result;
+}
+
+PyDoc_STRVAR(ops_by_rank_doc,
+             "ops_by_rank(ops) -> dict\n\n"
+             "timeline.ops_by_rank of every rank: rank -> [(op, its entries)] in the order of ``ops``, and\n"
+             "(op, []) for each rank in op.missing.");
+
+static PyObject *str_entries, *str_missing;
+
+/* index[rank].append((op, entries)); 0, or -1 with an error set. Steals no reference. */
+static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject *entries) {
+    PyObject *list = PyDict_GetItemWithError(index, rank);
+    if (list == NULL) {
+        if (PyErr_Occurred()) return -1;
+        list = PyList_New(0);
+        if (list == NULL) return -1;
+        int failed = PyDict_SetItem(index, rank, list);
+        Py_DECREF(list); /* the dict holds it */
+        if (failed < 0) return -1;
+    }
+    PyObject *item = PyTuple_Pack(2, op, entries);
+    if (item == NULL) return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("ops_by_rank", nargs, 1)) return NULL;
+    PyObject *ops = args[0];
+    if (!PyList_CheckExact(ops)) {
+        PyErr_SetString(PyExc_TypeError, "ops_by_rank: ops must be a list");
+        return NULL;
+    }
+    PyObject *index = PyDict_New();
+    if (index == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        PyObject *entries = PyObject_GetAttr(op, str_entries), *missing = NULL, *none = NULL;
+        int failed = entries == NULL || !PyDict_CheckExact(entries);
+        if (!failed) {
+            Py_ssize_t position = 0;
+            PyObject *rank, *parts;
+            while (!failed && PyDict_Next(entries, &position, &rank, &parts))
+                failed = index_append(index, rank, op, parts) < 0;
+        }
+        if (!failed) {
+            missing = PyObject_GetAttr(op, str_missing);
+            failed = missing == NULL || !PyTuple_CheckExact(missing);
+            for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(missing); k++) {
+                failed = (none = PyList_New(0)) == NULL ||
+                         index_append(index, PyTuple_GET_ITEM(missing, k), op, none) < 0;
+                Py_CLEAR(none);
+            }
+        }
+        Py_XDECREF(entries);
+        Py_XDECREF(missing);
+        if (failed) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ops_by_rank: an op's entries or missing ranks");
+            Py_DECREF(index);
+            return NULL;
+        }
+    }
+    return index;
 }
 
 /* ---- writing ------------------------------------------------------------------------------------- */
@@ -821,26 +1061,31 @@ static PyObject *bytes_in(PyObject *table, PyObject *key) {
     return found != NULL && PyBytes_CheckExact(found) ? found : NULL;
 }
 
-static PyObject *str_start, *str_end, *str_look, *str_head, *str_last, *str_encoded, *str_timed;
+static PyObject *str_end, *str_encoded, *str_timed;
 
 /* The writer's state, unpacked from the context tuple (see PerfettoWriter._fast_context). */
 typedef struct {
-    PyObject *token, *packet_head, *begin, *end_event, *new_interned;
+    PyObject *token, *packet_head, *begin, *instant, *end_event, *new_interned;
     PyObject *op_ids, *record_ids, *threads;
     PyObject *created_head, *started_head, *completed_head, *duration_head;
-    PyObject *packet_tag, *event_tag;
+    PyObject *packet_tag, *event_tag, *flow_tag, *interned_tag, *encode_look;
+    PyObject *last_thread_name, *last_thread_id, *last_thread; /* the last thread met, and its bytes (borrowed) */
+    Py_ssize_t launches; /* flows of the slices written that stand for an entry (a launch's other end) */
     Py_ssize_t op_id, record_id, created, started, completed, duration, thread_name, thread_id;
     Py_ssize_t entry_size; /* an entry must be at least this long to hold all of the above */
 } Context;
 
 static int read_context(PyObject *tuple, Context *context) {
     PyObject *heads, *fields;
-    if (!PyArg_ParseTuple(tuple, "OSSSO!O!O!O!O!SSO!;encode_slices: bad context", &context->token,
-                          &context->packet_head, &context->begin, &context->end_event, &PyList_Type,
-                          &context->new_interned, &PyDict_Type, &context->op_ids, &PyDict_Type,
+    if (!PyArg_ParseTuple(tuple, "OSSSSO!O!O!O!O!SSSSOO!;encode_slices: bad context", &context->token,
+                          &context->packet_head, &context->begin, &context->instant, &context->end_event,
+                          &PyList_Type, &context->new_interned, &PyDict_Type, &context->op_ids, &PyDict_Type,
                           &context->record_ids, &PyDict_Type, &context->threads, &PyTuple_Type, &heads,
-                          &context->packet_tag, &context->event_tag, &PyTuple_Type, &fields))
+                          &context->packet_tag, &context->event_tag, &context->flow_tag, &context->interned_tag,
+                          &context->encode_look, &PyTuple_Type, &fields))
         return -1;
+    context->last_thread_name = context->last_thread_id = context->last_thread = NULL;
+    context->launches = 0;
     if (!PyArg_ParseTuple(heads, "SSSS;encode_slices: bad fact heads", &context->created_head,
                           &context->started_head, &context->completed_head, &context->duration_head))
         return -1;
@@ -859,7 +1104,7 @@ static int read_context(PyObject *tuple, Context *context) {
 
 /* A rank's ids and times (PerfettoWriter._facts), when every piece is already known. 1: done; 0: not
  * on the fast path; -1: error. */
-static int put_facts(Buffer *event, const Context *context, PyObject *head, PyObject *last, int timed) {
+static int put_facts(Buffer *event, Context *context, PyObject *head, PyObject *last, int timed) {
     if (!PyTuple_Check(head) || !PyTuple_Check(last) || PyTuple_GET_SIZE(head) < context->entry_size ||
         PyTuple_GET_SIZE(last) < context->entry_size)
         return 0;
@@ -881,12 +1126,15 @@ static int put_facts(Buffer *event, const Context *context, PyObject *head, PyOb
     PyObject *thread_id = PyTuple_GET_ITEM(head, context->thread_id);
     PyObject *thread = NULL;
     if (!PyUnicode_CheckExact(thread_name) || !PyUnicode_CheckExact(thread_id)) return 0;
-    if (PyUnicode_GET_LENGTH(thread_name) || PyUnicode_GET_LENGTH(thread_id)) {
+    if (thread_name == context->last_thread_name && thread_id == context->last_thread_id) {
+        thread = context->last_thread;  /* a rank's entries share their thread's strings */
+    } else if (PyUnicode_GET_LENGTH(thread_name) || PyUnicode_GET_LENGTH(thread_id)) {
         PyObject *key = PyTuple_Pack(2, thread_name, thread_id);
         if (key == NULL) return -1;
         thread = bytes_in(context->threads, key);
         Py_DECREF(key);
         if (thread == NULL) return 0;
+        context->last_thread_name = thread_name, context->last_thread_id = thread_id, context->last_thread = thread;
     }
     if (buffer_put_bytes(event, op_id) < 0 || buffer_put_bytes(event, record_id) < 0 ||
         buffer_put_bytes(event, context->created_head) < 0 || buffer_put_varint(event, created) < 0)
@@ -907,25 +1155,56 @@ static int put_facts(Buffer *event, const Context *context, PyObject *head, PyOb
     return 1;
 }
 
-/* One slice's two packets into ``out``. 1: done; 0: not on the fast path (nothing written); -1: error. */
-static int put_slice(Buffer *out, Buffer *event, const Context *context, PyObject *item) {
-    int result = 0;
-    PyObject *look = NULL, *encoded = NULL, *start_value = NULL, *end_value = NULL, *head = NULL, *last = NULL;
-    unsigned long long start, end;
+/* A slice's own flows (Slice.flows: a tuple of ints) after its event: -1 error, 0 not on the fast path. */
+static int put_flows(Buffer *event, Context *context, PyObject *flows) {
+    if (!PyTuple_CheckExact(flows)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(flows); i++) {
+        unsigned long long flow;
+        if (as_u64(PyTuple_GET_ITEM(flows, i), &flow) < 0) return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(flows); i++) {
+        unsigned long long flow;
+        unsigned char little[8];
+        as_u64(PyTuple_GET_ITEM(flows, i), &flow);
+        for (int b = 0; b < 8; b++) little[b] = (unsigned char)(flow >> (8 * b));
+        if (buffer_put_bytes(event, context->flow_tag) < 0 || buffer_put(event, (char *)little, 8) < 0) return -1;
+    }
+    return 1;
+}
+
+/* One slice's two packets into ``out``, or an instant's one (where it stands for no entry). A look not
+ * encoded yet is encoded by ``encode_look`` (the writer's _look), and the names it interned go into this
+ * packet. 1: a slice; 2: an instant; 0: not on the fast path (nothing written); -1: error. */
+static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *item) {
+    /* a Slice is a tuple: (start, end, look, head, last, flows) */
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) return 0;
+    PyObject *start_value = PyTuple_GET_ITEM(item, 0), *end_value = PyTuple_GET_ITEM(item, 1);
+    PyObject *look = PyTuple_GET_ITEM(item, 2), *head = PyTuple_GET_ITEM(item, 3), *last = PyTuple_GET_ITEM(item, 4);
+    PyObject *flows = PyTuple_GET_ITEM(item, 5);
+    unsigned long long start, end = 0;
+    int instant = end_value == Py_None;
     event->len = 0;
-    if (PyList_GET_SIZE(context->new_interned) != 0) return 0; /* the packet must carry them */
-    if ((end_value = PyObject_GetAttr(item, str_end)) == NULL) goto error;
-    if (end_value == Py_None || as_u64(end_value, &end) < 0) goto done;
-    if ((start_value = PyObject_GetAttr(item, str_start)) == NULL) goto error;
-    if (as_u64(start_value, &start) < 0) goto done;
-    if ((look = PyObject_GetAttr(item, str_look)) == NULL) goto error;
-    if ((encoded = PyObject_GetAttr(look, str_encoded)) == NULL) goto error;
-    if (!PyTuple_CheckExact(encoded) || PyTuple_GET_SIZE(encoded) != 2 ||
-        PyTuple_GET_ITEM(encoded, 0) != context->token || !PyBytes_CheckExact(PyTuple_GET_ITEM(encoded, 1)))
-        goto done;
-    if (buffer_put_bytes(event, context->begin) < 0 || buffer_put_bytes(event, PyTuple_GET_ITEM(encoded, 1)) < 0)
-        goto error;
-    if ((head = PyObject_GetAttr(item, str_head)) == NULL || (last = PyObject_GetAttr(item, str_last)) == NULL)
+    if ((!instant && as_u64(end_value, &end) < 0) || as_u64(start_value, &start) < 0) return 0;
+    if (instant && (head != Py_None || last != Py_None)) return 0; /* an instant with facts: Python's */
+    PyObject *encoded = PyObject_GetAttr(look, str_encoded);
+    if (encoded == NULL) return -1;
+    if (!PyTuple_CheckExact(encoded) || PyTuple_GET_SIZE(encoded) != 2 || PyTuple_GET_ITEM(encoded, 0) != context->token) {
+        Py_DECREF(encoded);
+        if ((encoded = PyObject_CallOneArg(context->encode_look, look)) == NULL) return -1;
+        if (!PyBytes_CheckExact(encoded)) {
+            Py_DECREF(encoded);
+            PyErr_SetString(PyExc_TypeError, "encode_slices: a look must encode to bytes");
+            return -1;
+        }
+        PyObject *pair = PyTuple_Pack(2, context->token, encoded);
+        Py_DECREF(encoded);
+        if (pair == NULL) return -1;
+        encoded = pair;
+    }
+    PyObject *chunk = PyTuple_GET_ITEM(encoded, 1);
+    int result = 0;
+    if (!PyBytes_CheckExact(chunk)) goto done;
+    if (buffer_put_bytes(event, instant ? context->instant : context->begin) < 0 || buffer_put_bytes(event, chunk) < 0)
         goto error;
     if (head != Py_None && last != Py_None) {
         PyObject *timed_value = PyObject_GetAttr(look, str_timed);
@@ -937,37 +1216,57 @@ static int put_slice(Buffer *out, Buffer *event, const Context *context, PyObjec
         if (facts < 0) goto error;
         if (facts == 0) goto done;
     }
-    /* Begin: Trace.packet { packet head, timestamp, track_event { event } } */
-    Py_ssize_t packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(start) +
+    int flowed = put_flows(event, context, flows);
+    if (flowed < 0) goto error;
+    if (flowed == 0) goto done;
+    /* the names the look's encoding interned, as InternedData in this packet (then cleared) */
+    Py_ssize_t interned_len = 0, pending = PyList_GET_SIZE(context->new_interned);
+    for (Py_ssize_t i = 0; i < pending; i++) {
+        PyObject *part = PyList_GET_ITEM(context->new_interned, i);
+        if (!PyBytes_CheckExact(part)) goto done;
+        interned_len += PyBytes_GET_SIZE(part);
+    }
+    Py_ssize_t interned_size = pending ? PyBytes_GET_SIZE(context->interned_tag) +
+                                             varint_size((unsigned long long)interned_len) + interned_len : 0;
+    /* Begin (or instant): Trace.packet { packet head, timestamp, [interned], track_event { event } } */
+    Py_ssize_t packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(start) + interned_size +
                              PyBytes_GET_SIZE(context->event_tag) + varint_size((unsigned long long)event->len) +
                              event->len;
     if (buffer_put_bytes(out, context->packet_tag) < 0 || buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-        buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, start) < 0 ||
-        buffer_put_bytes(out, context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
+        buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, start) < 0)
+        goto error;
+    if (pending) {
+        if (buffer_put_bytes(out, context->interned_tag) < 0 ||
+            buffer_put_varint(out, (unsigned long long)interned_len) < 0)
+            goto error;
+        for (Py_ssize_t i = 0; i < pending; i++)
+            if (buffer_put_bytes(out, PyList_GET_ITEM(context->new_interned, i)) < 0) goto error;
+        if (PyList_SetSlice(context->new_interned, 0, pending, NULL) < 0) goto error;
+    }
+    if (buffer_put_bytes(out, context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
         buffer_put(out, event->data, event->len) < 0)
         goto error;
-    /* End: Trace.packet { packet head, timestamp, end event } */
-    packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(end) + PyBytes_GET_SIZE(context->end_event);
-    if (buffer_put_bytes(out, context->packet_tag) < 0 || buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-        buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
-        buffer_put_bytes(out, context->end_event) < 0)
-        goto error;
-    result = 1;
+    if (!instant) {
+        /* End: Trace.packet { packet head, timestamp, end event } */
+        packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(end) + PyBytes_GET_SIZE(context->end_event);
+        if (buffer_put_bytes(out, context->packet_tag) < 0 ||
+            buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
+            buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
+            buffer_put_bytes(out, context->end_event) < 0)
+            goto error;
+    }
+    if (head != Py_None) context->launches += PyTuple_GET_SIZE(flows);
+    result = instant ? 2 : 1;
     goto done;
 error:
     result = -1;
 done:
-    Py_XDECREF(look);
-    Py_XDECREF(encoded);
-    Py_XDECREF(start_value);
-    Py_XDECREF(end_value);
-    Py_XDECREF(head);
-    Py_XDECREF(last);
+    Py_DECREF(encoded);
     return result;
 }
 
 PyDoc_STRVAR(encode_slices_doc,
-             "encode_slices(slices, context, fallback) -> (bytes, slice count, marker count)\n\n"
+             "encode_slices(slices, context, fallback) -> (bytes, slice count, marker count, launch flows)\n\n"
              "The packets of ``slices`` in order, as PerfettoWriter._slice_packets writes them; each slice\n"
              "the fast path does not cover is encoded by ``fallback(slice)``.");
 
@@ -1005,12 +1304,14 @@ static PyObject *encode_slices(PyObject *module, PyObject *const *args, Py_ssize
             if (!ok) done = -1;
         } else if (done == 1) {
             slices++;
+        } else if (done == 2) {
+            markers++;
         }
         Py_DECREF(item);
         if (done < 0) goto finish;
     }
     if (PyErr_Occurred()) goto finish;
-    result = Py_BuildValue("(y#nn)", out.data ? out.data : "", out.len, slices, markers);
+    result = Py_BuildValue("(y#nnn)", out.data ? out.data : "", out.len, slices, markers, context.launches);
 finish:
     Py_DECREF(iterator);
     PyMem_Free(out.data);
@@ -1329,9 +1630,12 @@ static PyMethodDef methods[] = {
     {"canonical_column", (PyCFunction)(void (*)(void))canonical_column, METH_FASTCALL, canonical_column_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
-    {"group_slices", (PyCFunction)(void (*)(void))group_slices, METH_FASTCALL, group_slices_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
     {"scan_pickle", (PyCFunction)(void (*)(void))scan_pickle, METH_FASTCALL, scan_pickle_doc},
+    {"lay_out_collectives", (PyCFunction)(void (*)(void))lay_out_collectives, METH_FASTCALL,
+     lay_out_collectives_doc},
+    {"by_group", (PyCFunction)(void (*)(void))by_group, METH_FASTCALL, by_group_doc},
+    {"ops_by_rank", (PyCFunction)(void (*)(void))ops_by_rank, METH_FASTCALL, ops_by_rank_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1344,14 +1648,14 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    if ((str_start = PyUnicode_InternFromString("start")) == NULL ||
-        (str_end = PyUnicode_InternFromString("end")) == NULL ||
-        (str_look = PyUnicode_InternFromString("look")) == NULL ||
-        (str_head = PyUnicode_InternFromString("head")) == NULL ||
-        (str_last = PyUnicode_InternFromString("last")) == NULL ||
+    if ((str_end = PyUnicode_InternFromString("end")) == NULL ||
         (str_encoded = PyUnicode_InternFromString("encoded")) == NULL ||
         (str_timed = PyUnicode_InternFromString("timed")) == NULL ||
-        (str_op_key = PyUnicode_InternFromString("op_key")) == NULL || (one = PyLong_FromLong(1)) == NULL)
+        (str_op_key = PyUnicode_InternFromString("op_key")) == NULL ||
+        (str_group = PyUnicode_InternFromString("group")) == NULL ||
+        (str_first_time_ns = PyUnicode_InternFromString("first_time_ns")) == NULL ||
+        (str_entries = PyUnicode_InternFromString("entries")) == NULL ||
+        (str_missing = PyUnicode_InternFromString("missing")) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

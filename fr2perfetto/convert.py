@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gzip
+import io
 import itertools
 import multiprocessing
 import os
@@ -24,17 +25,17 @@ from .focus import focus_of, metadata_packet
 from .fold import View, full_view
 from .gcpause import gc_paused
 from .job import Job
+from .looks import Highlights
 from .match import match_ops
 from .model import OK, Entry, Finding, MatchedOp
 from .output import atomic_output
 from .pools import process_pool
 from .renderers.chrome_json import ChromeJsonWriter
 from .renderers.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
+from .scene import TimeSpan, Track
+from .stragglers import group_offsets
 from .timeline import (
     FINDINGS_UUID,
-    Highlights,
-    TimeSpan,
-    Track,
     drawn_counts,
     findings_tracks,
     ops_by_rank,
@@ -42,6 +43,7 @@ from .timeline import (
     rank_timelines,
     time_span,
 )
+from .words import lateness_track
 
 
 @dataclass(slots=True)
@@ -84,6 +86,9 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     finding_tracks, highlights = findings_tracks(diagnosis.findings, span, drawn, diagnosis.roles, offsets,
                                                  with_snapshots)  # fmt: skip
     highlights.rank_notes = rank_notes(job, span, highlights)
+    if diagnosis.evidence is not None:  # the lateness counters measure on the clocks stragglers are judged on
+        highlights.enqueued.update(diagnosis.evidence.enqueue_medians)
+        highlights.group_offsets = group_offsets(diagnosis.evidence)
     scene = _Scene(job, index, span, highlights, view)
     as_json = output_format(path) == "json"
     with _destination(path) as raw, _maybe_gzip(raw, path) as out:
@@ -123,7 +128,10 @@ def _focus(
     window = []
     for op in analysis.ops:
         if op.op_key in finding.op_keys:
-            window += [parts[0].time_created_ns - offsets.get(rank, 0) for rank, parts in op.entries.items() if parts]
+            for rank, parts in op.entries.items():
+                # where its enqueue is drawn, and where it ran (from its start, where it has one)
+                started = (parts[-1].closed_by or parts[-1]).time_started_ns
+                window += [t - offsets.get(rank, 0) for t in (parts[0].time_created_ns, started) if t]
             window += [op.first_time_ns] * bool(op.missing)  # where a rank's "never issued" is drawn
     number = diagnosis.findings.index(finding) + 1
     selected = next((t.slices[0] for t in finding_tracks if t.uuid == FINDINGS_UUID + number and t.slices), None)
@@ -135,6 +143,8 @@ def _focus(
     firsts = [d.time_range[0] - offsets.get(r, 0) for r in drawn if (d := analysis.job.dumps.get(r)) and d.time_range]
     firsts += [t.slices[0].start for t in finding_tracks if t.slices]
     culprits = [f"rank {rank} · CULPRIT" for rank in diagnosis.verdict.culprit_ranks[:8]]
+    if finding.kind == "straggler" and finding.group is not None:  # what shows it: how late it enqueues
+        culprits += [lateness_track(finding.group, rank) for rank in finding.culprit_ranks[:8]]
     chosen = (selected.start, (selected.end or span.end) - selected.start) if selected is not None else None
     return focus_of(window, chosen, (min(firsts, default=span.start), span.end), culprits)
 
@@ -154,7 +164,7 @@ def _write_tracks(writer: PerfettoWriter | ChromeJsonWriter, tracks: list[Track]
     for track in tracks:
         writer.track(track)
     for track in tracks:
-        writer.slices(track.uuid, track.slices)
+        writer.events(track)
 
 
 def _write_ranks(
@@ -168,45 +178,81 @@ def _write_ranks(
 # Parallel writing: below this many processes per worker, forking costs more than it saves.
 MIN_PROCESSES_PER_WORKER = 8
 _forked_scene: _Scene | None = None  # what forked workers inherit
+_forked_output: int | None = None  # the output's file descriptor, where the first worker writes
 
 
 def _can_fork(jobs: int, processes: int) -> bool:
     return jobs > 1 and sys.platform == "linux" and processes >= 2 * MIN_PROCESSES_PER_WORKER
 
 
-def _write_part(task: tuple[list[tuple[int, tuple[int, ...]]], int, str]) -> TraceStats:
-    """In a forked worker: write the packets of some ranks, on their own sequence, to a part file."""
+def _write_part(task: tuple[list[tuple[int, tuple[int, ...]]], int, str | None]) -> TraceStats:
+    """In a forked worker: write the packets of some ranks, on their own sequence, to a part file, or
+    (no part file) straight to the output, whose file offset this process shares with its parent."""
     processes, sequence_id, part_path = task
     assert _forked_scene is not None
-    with gc_paused(), open(part_path, "wb") as part:
-        writer = PerfettoWriter(part, sequence_id=sequence_id)
+    if part_path is None:
+        assert _forked_output is not None
+        target = os.fdopen(os.dup(_forked_output), "wb", buffering=1 << 20)
+    else:
+        target = open(part_path, "wb")  # noqa: SIM115 (closed below)
+    with gc_paused(), target:
+        writer = PerfettoWriter(target, sequence_id=sequence_id)
         _write_ranks(writer, _forked_scene, processes)
     return writer.stats
 
 
 def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Scene, jobs: int, folder: str) -> None:
-    global _forked_scene
+    """The ranks' packets, made in ``jobs`` parts of about equal work, each by a forked worker on its own
+    packet sequence: the first straight to the output (a file or a pipe), while the others write part
+    files, appended in rank order once it is done. This process only waits: writing a part here too
+    would copy every page it touches that the workers share (refcounts included), which costs it more
+    than the part saves."""
+    global _forked_scene, _forked_output
     processes = scene.view.processes
-    # One part per worker, of about equal work: each part costs a fork's copied pages and its own looks.
     count = min(jobs, len(processes) // MIN_PROCESSES_PER_WORKER)
     bounds = even_bounds([len(scene.index.get(rank, ())) + 1 for rank, _ in processes], count)
+    direct = isinstance(out, io.BufferedWriter)  # not a compressing stream: the first part needs no copy
+    if direct:
+        out.flush()  # what this process wrote comes first; it writes nothing more until that part is done
     with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch, partial_path(scratch):
         tasks = [
-            (processes[bounds[i] : bounds[i + 1]], SEQUENCE_ID + 1 + i, os.path.join(scratch, f"part{i}"))
+            (
+                processes[bounds[i] : bounds[i + 1]],
+                SEQUENCE_ID + 1 + i,
+                None if i == 0 and direct else os.path.join(scratch, f"part{i}"),
+            )
             for i in range(count)
         ]
-        _forked_scene = scene
+        _forked_scene, _forked_output = scene, out.fileno() if direct else None
         try:
             with process_pool(count, multiprocessing.get_context("fork")) as pool:  # a worker per part
                 for (_, _, part_path), stats in zip(tasks, pool.map(_write_part, tasks), strict=True):
                     writer.stats.add(stats)
-                    with open(part_path, "rb") as part:
-                        shutil.copyfileobj(part, out, 1 << 20)
-                    os.unlink(part_path)
+                    if part_path is not None:
+                        _append(out, part_path)
+                        os.unlink(part_path)
         except BrokenProcessPool:
             raise OSError("a writing process died (out of memory?); try -j 1 or a smaller --max-size") from None
         finally:
-            _forked_scene = None
+            _forked_scene = _forked_output = None
+
+
+def _append(out: IO[bytes], part_path: str) -> None:
+    """Append a part file to ``out``: by the kernel where ``out`` is a plain file or pipe (no copy
+    through this process), else read and written."""
+    with open(part_path, "rb") as part:
+        done = 0
+        if isinstance(out, io.BufferedWriter):
+            out.flush()
+            size = os.fstat(part.fileno()).st_size
+            with contextlib.suppress(OSError):  # a destination sendfile cannot write to: copied below
+                while done < size:
+                    sent = os.sendfile(out.fileno(), part.fileno(), done, size - done)
+                    if sent == 0:
+                        break
+                    done += sent
+        part.seek(done)
+        shutil.copyfileobj(part, out, 1 << 20)
 
 
 def even_bounds(weights: list[int], count: int) -> list[int]:

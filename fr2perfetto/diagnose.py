@@ -33,7 +33,7 @@ from .model import (
     state_entry,
 )
 from .stragglers import find_stragglers
-from .words import ranks_text, verb, where
+from .words import lateness_track, ranks_text, verb, where
 
 # Finding kinds, as the report names them.
 KIND_MISSING = "missing"
@@ -502,6 +502,7 @@ def rule_straggler(context: _Context) -> list[Finding]:
                 "no completion times to align the hosts' clocks: only a margin larger than any plausible "
                 f"clock skew ({found.threshold_ns / 1e6:.0f} ms) counts."
             )
+        lines.append(f"In the trace, the counter '{lateness_track(group, rank)}' shows it against the other members.")
         findings.append(
             Finding(
                 kind=KIND_STRAGGLER,

@@ -52,6 +52,9 @@ class Evidence:
     queued: dict[int, list[MatchedOp]] = field(default_factory=dict)  # rank -> pending ops behind it
     timed: bool = False  # start events were recorded (TORCH_NCCL_ENABLE_TIMING)
     clocks: Clocks = field(default_factory=Clocks)
+    # collective's op key -> when its members enqueued it, the (upper) median on its group's clock
+    # (``stragglers.group_offsets``); filled as stragglers are looked for, read by the lateness counters
+    enqueue_medians: dict[int, int] = field(default_factory=dict)
 
     @property
     def blocked_in(self) -> dict[int, MatchedOp]:

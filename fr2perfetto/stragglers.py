@@ -9,10 +9,11 @@ compared only by a margin larger than any plausible clock skew.
 
 from __future__ import annotations
 
-import heapq
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub
 
 from .evidence import Evidence
 from .model import Group
@@ -38,7 +39,8 @@ class Straggler:
 
 
 def find_stragglers(evidence: Evidence) -> list[Straggler]:
-    """Every (group, member) that is a straggler of that group, the slowest first."""
+    """Every (group, member) that is a straggler of that group, the slowest first. Each op judged has
+    its median enqueue time recorded in ``evidence.enqueue_medians``."""
     hosts = {dump.host for dump in evidence.job.dumps.values()}
     one_host = len(hosts) == 1 and None not in hosts
     considered: dict[Group, int] = defaultdict(int)
@@ -52,17 +54,17 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
         if how is None:
             how = judged[group] = _how_to_judge(evidence, group, one_host)
         offsets, threshold, _ = how
-        created = op.created_ns
+        created = op.created_ns  # in the order of op.entries
         if offsets:
-            created = [t - offsets.get(r, 0) for r, t in zip(op.entries, created, strict=True)]
+            created = list(map(sub, created, map(offsets.get, op.entries, repeat(0))))
         considered[group] += 1
-        latest, second = heapq.nlargest(2, created)
-        if latest - second < threshold:
+        ordered = sorted(created)
+        evidence.enqueue_medians[op.op_key] = ordered[len(ordered) // 2]
+        latest = ordered[-1]
+        if latest - ordered[-2] < threshold:
             continue
         rank = list(op.entries)[created.index(latest)]
-        others = list(created)
-        others.remove(latest)
-        lags[(group, rank)].append(int(latest - statistics.median(others)))
+        lags[(group, rank)].append(int(latest - _median(ordered, len(ordered) - 1)))
     found = []
     for (group, rank), values in lags.items():
         total = considered[group]
@@ -78,6 +80,18 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
     # straggler itself is late in its own group as well as in theirs: ranks late in more groups first.
     groups_late = Counter(s.rank for s in found)
     return sorted(found, key=lambda s: (-groups_late[s.rank], -s.median_lag_ns, s.group.order, s.rank))
+
+
+def _median(ordered: list[int], count: int) -> float:
+    """The median of the first ``count`` values of a sorted list (``statistics.median`` of them)."""
+    middle = count // 2
+    return ordered[middle] if count % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def group_offsets(evidence: Evidence) -> dict[Group, dict[int, int]]:
+    """Per group whose clocks could be aligned, each member's offset (rank -> ns its clock runs ahead of
+    the group's): the clock on which its members' enqueue times are compared."""
+    return {group: clock.estimates for group, clock in evidence.clocks.groups.items() if clock.aligned}
 
 
 def _how_to_judge(evidence: Evidence, group: Group, one_host: bool) -> tuple[dict[int, int], int, bool]:

@@ -1,172 +1,32 @@
-"""Lay a matched job out on a timeline: tracks, slices, markers and flows, for any trace format.
+"""Lay a matched job out on a timeline: tracks, slices, instants, counters and flows, for any trace format.
 
-Pure functions from (job, matched ops, findings) to ``Timeline`` objects; the renderers only write
-them out. One rank at a time (``rank_tracks``) so that a writer can stream a large job.
+Pure functions from (job, matched ops, findings) to ``scene`` objects; the renderers only write them
+out. One rank at a time (``rank_timelines``) so that a writer can stream a large job. Each rank is a
+process with, in this order: what lies beside its dump (``stack & logs``), a track per thread that
+enqueued ops, and a track per process group with what ran on the group's stream; under it, how late
+the rank enqueued the group's collectives (``enqueue lateness · tp (pg 3) · rank 5``, a counter) and
+the streams of its single sends and recvs, one per peer (``streams``).
 """
 
 from __future__ import annotations
 
-import functools
-import heapq
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from operator import attrgetter
-from typing import Union
 
 from .fold import View, full_view
 from .job import Job
-from .match import NO_COMPLETION_BACKENDS, tracks_completion
-from .model import (
-    COMPLETED,
-    INCOMPLETE,
-    MISMATCH,
-    MISSING,
-    OK,
-    STUCK,
-    Entry,
-    Finding,
-    Frame,
-    Group,
-    MatchedOp,
-    head_entry,
-    ranks_label,
-    state_entry,
-    time_range,
-)
+from .looks import Highlights, Looks, stack_strings
+from .model import Entry, Finding, Group, MatchedOp, ranks_label, time_range
+from .scene import ArgValue, RankTimeline, Slice, SliceLook, TimeSpan, Track
 from .speedups import SPEEDUPS as _speedups
+from .streams import lay_out
 from .text import shown
+from .words import lateness_track
 
-
-class SliceLook:
-    """What the slices of one op share on every rank that issued it alike: name, args, flows.
-
-    Built once per op (and per variant, when ranks differ in state or stack), so a writer encodes
-    it once for thousands of slices; ``encoded`` is the writer's cache.
-    """
-
-    __slots__ = ("args", "callstack", "correlation_id", "encoded", "flow_ids", "name", "timed")
-
-    def __init__(
-        self,
-        name: str,
-        args: tuple[tuple[str, ArgValue], ...],
-        flow_ids: tuple[int, ...] = (),
-        correlation_id: int | None = None,
-        timed: bool = True,
-        callstack: tuple[Frame, ...] = (),
-    ) -> None:
-        self.callstack = callstack  # frames innermost first, shown as the event's callstack
-        self.name = name
-        self.args = args
-        self.flow_ids = flow_ids
-        self.correlation_id = correlation_id
-        self.timed = timed  # False: the backend records no start or completion (gloo)
-        self.encoded: tuple[object, bytes] | None = None  # (writer's token, bytes): set by the Perfetto writer
-
-
-ArgValue = Union[str, int, float, bool, tuple["ArgValue", ...]]  # noqa: UP007 - a recursive alias
-
-# Name prefixes that make a problem stand out in the timeline (and in a search box).
-PREFIX = {
-    MISSING: "⚠ UNMATCHED ",
-    MISMATCH: "⚠ MISMATCH ",
-    STUCK: "⏳ STUCK ",
-    INCOMPLETE: "⏳ NOT COMPLETED ",
-}
-NEVER_ISSUED = "✗ NEVER ISSUED "
-VICTIM = "⛓ VICTIM "  # a rank blocked in the op by another, or queued behind its own blocked op
-GLOO_TIMING = "not recorded: this backend records enqueue time only; the slice spans to the next op on this group"
 FINDINGS_UUID = 1
 FINDING_FLOW_BASE = 1 << 48  # flow ids of findings, far above those of ops (their op keys)
 PID_BASE = 100_000  # pid 0 means the idle process to trace tools, so ranks get pids from here
-
-
-@dataclass(slots=True)
-class Slice:
-    """A slice (start < end) or, when ``end`` is None, an instant marker.
-
-    ``head`` and ``last``: the rank's entries whose ids and times the slice shows besides its
-    look's args (the entry that names the op and the one that carries its state); None for
-    slices that stand for no single entry (findings, markers, summaries).
-    """
-
-    start: int
-    end: int | None
-    look: SliceLook
-    head: Entry | None = None
-    last: Entry | None = None
-
-    @property
-    def name(self) -> str:
-        return self.look.name
-
-    @property
-    def flow_ids(self) -> tuple[int, ...]:
-        return self.look.flow_ids
-
-    @property
-    def correlation_id(self) -> int | None:
-        return self.look.correlation_id
-
-    @property
-    def args(self) -> list[tuple[str, ArgValue]]:
-        """Every arg: the look's, then the rank's own ids and times."""
-        args = list(self.look.args)
-        if self.head is not None and self.last is not None:
-            args += rank_facts(self.head, self.last, self.look.timed)
-        return args
-
-
-def rank_facts(head: Entry, last: Entry, timed: bool) -> list[tuple[str, ArgValue]]:
-    """The facts of one rank's entry that no other slice shares: its ids and times."""
-    out: list[tuple[str, ArgValue]] = [
-        ("op_id", head.op_id),
-        ("record_id", head.record_id),
-        ("time_created_ns", head.time_created_ns),
-    ]
-    if timed:
-        out.append(("time_started_ns", last.time_started_ns or "unknown"))
-        out.append(("time_completed_ns", last.time_completed_ns or "unknown"))
-        out.append(("duration_ms", last.duration_ms if last.duration_ms is not None else "unknown"))
-    if head.thread_name or head.thread_id:
-        out.append(("thread", thread_label(head)))
-    return out
-
-
-def thread_label(entry: Entry) -> str:
-    """``name (id)`` of the thread that issued an entry."""
-    return f"{entry.thread_name} ({entry.thread_id})"
-
-
-@dataclass(slots=True)
-class Track:
-    """A track: a rank's process track, a group track under it, or a lane under a group track."""
-
-    uuid: int
-    name: str
-    parent: int | None = None
-    order: int = 0
-    pid: int | None = None  # set on process tracks only
-    labels: list[str] = field(default_factory=list)
-    description: str = ""
-    slices: list[Slice] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class RankTimeline:
-    """One rank's tracks, in the order they are to be written (parents first)."""
-
-    rank: int
-    tracks: list[Track]
-
-
-@dataclass(slots=True)
-class TimeSpan:
-    """The job's time range: slices that never end are drawn to ``end``."""
-
-    start: int
-    end: int
+LATENESS_AXIS = "fr2perfetto.lateness"  # every rank's lateness counters share one y axis
 
 
 def time_span(job: Job) -> TimeSpan:
@@ -191,6 +51,8 @@ def rank_uuid(rank: int) -> int:
 
 def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
     """Index ops by the ranks that hold entries for them (or should have: missing ranks)."""
+    if ranks is None and _speedups is not None:
+        return _speedups.ops_by_rank(ops)  # type: ignore[no-any-return]
     index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
     for op in ops:
         if ranks is not None and len(ranks) < len(op.entries):
@@ -206,30 +68,6 @@ def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int
             if ranks is None or rank in ranks:
                 index.setdefault(rank, []).append((op, []))
     return index
-
-
-@dataclass(slots=True)
-class Highlights:
-    """What the diagnosis adds to the ranks' tracks: culprit labels and flows from findings to ops."""
-
-    culprits: dict[int, str] = field(default_factory=dict)  # rank -> why it is to blame
-    # (rank, op key) -> a rank's part in an op it is blocked in or queued in, not being its culprit
-    roles: dict[tuple[int, int], str] = field(default_factory=dict)
-    clock_offsets: dict[int, int] = field(default_factory=dict)  # rank -> ns its clock runs ahead (subtracted)
-    # rank -> instants of what was found beside the dumps: its stack snapshot, its log events
-    rank_notes: dict[int, list[Slice]] = field(default_factory=dict)
-    # rank without a dump -> (when the others began to wait for it, in what)
-    no_dump_waits: dict[int, tuple[int, str]] = field(default_factory=dict)
-    finding_flows: dict[int, list[int]] = field(default_factory=dict)  # op key -> flow ids of findings
-    # rank -> flow ids of the findings about it that no op stands for (its stack snapshots do)
-    rank_flows: dict[int, list[int]] = field(default_factory=dict)
-    # op key -> (slices, markers) drawn for it, when a folded view draws fewer than the job has
-    drawn: dict[int, tuple[int, int]] | None = None
-    # looks already built, by op and the facts of a rank's entries that go into them (see look_key)
-    looks: dict[tuple[object, ...], SliceLook] = field(default_factory=dict)
-    # op key -> the entry the C layout last gave a look from ``looks``, and that look: the next rank
-    # whose entry agrees with it on every field of look_key needs no key made (see _speedups.c)
-    last_looks: dict[int, tuple[Entry, SliceLook]] = field(default_factory=dict)
 
 
 def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
@@ -279,13 +117,87 @@ def rank_timeline(
     stands_for: tuple[int, ...] = (),
     view: View | None = None,
 ) -> RankTimeline:
-    """The tracks of one rank: its process, one track per group it belongs to, lanes as needed.
-
-    A folded process stands for several ranks with the same ops; history before a group's cutoff
-    is one summary slice.
-    """
+    """The tracks of one rank: its process, what lies beside its dump, its lateness, its threads, its
+    groups' streams, on the job's common clock (``clocks``: the args keep the times the rank recorded).
+    A folded process stands for several ranks with the same ops; history before a group's cutoff is
+    one summary slice."""
     dump = job.dumps.get(rank)
     process_uuid = rank_uuid(rank)
+    process = _process_track(job, rank, highlights, stands_for)
+    offset = highlights.clock_offsets.get(rank, 0)
+    shown_groups = view.groups if view is not None else None
+    cutoffs = view.cutoffs if view is not None else {}
+    items = rank_ops
+    folded: dict[Group, list[int]] = {}
+    if shown_groups is not None or cutoffs:
+        items = []
+        for item in rank_ops:
+            op = item[0]
+            if shown_groups is not None and op.group not in shown_groups:
+                continue
+            start = start_on_rank(item)
+            if start < cutoffs.get(op.group, -1):
+                folded.setdefault(op.group, []).append(start)
+                continue
+            items.append(item)
+    free_from = {group: max(cutoffs[group], min(starts) + 1) for group, starts in folded.items()}
+    layout = lay_out(rank, items, span.end, Looks(highlights, rank), free_from, offset)
+    tracks = [process]
+
+    def child(name: str, order: int, parent: int = process_uuid, **more: object) -> Track:
+        track = Track(process_uuid + len(tracks), name, parent=parent, order=order, **more)  # type: ignore[arg-type]
+        tracks.append(track)
+        return track
+
+    if dump is None:  # the UI shows only tracks with events: a rank without a dump shows through this one
+        start, what = highlights.no_dump_waits.get(rank, (span.start, ""))
+        title = shown(f"no dump: the others wait for it in {what}") if what else "no dump from this rank"
+        look = SliceLook(title, (("status", "this rank left no dump"),))
+        child("no dump", -4, slices=[Slice(start, max(span.end, start + 1), look)])
+    notes = highlights.rank_notes.get(rank)
+    if notes:  # shared with other writers of this trace: shifted as copies
+        shifted = [note._replace(start=note.start - offset) for note in notes] if offset else list(notes)
+        child("stack & logs", -3, slices=shifted, description="where the rank's threads were (stack snapshots) "
+              "and what its log says", nested=True)  # fmt: skip
+    for number, ((thread_id, thread_name), instants) in enumerate(layout.enqueues.items()):
+        name = f"thread {thread_name} ({thread_id})" if thread_name or thread_id else "enqueued (thread not recorded)"
+        child(shown(name), -1 - len(layout.enqueues) + number, slices=instants,
+              description="the ops this thread enqueued, each joined by a flow to where it ran")  # fmt: skip
+    groups = [g for g in job.groups_of_rank(rank) if shown_groups is None or g in shown_groups]
+    peers: dict[Group, list[int]] = {}
+    for group, peer in layout.streams:
+        if peer is not None:
+            peers.setdefault(group, []).append(peer)
+    for group in groups:
+        stream = layout.streams.get((group, None))
+        slices = stream.slices if stream is not None else []
+        if group in folded:
+            starts = folded[group]
+            summary = SliceLook(
+                f"… {len(starts)} earlier ops (folded)",
+                (("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")),
+            )
+            slices = [Slice(min(starts) - offset, free_from[group] - offset, summary), *slices]
+        description = shown(f"process group {group.name} ({group.desc or 'no description'}), members "
+                            f"{group.members_label}: the ops that ran on its stream")  # fmt: skip
+        group_track = child(group.label, group.order, slices=slices, description=description,
+                            nested=stream is not None and stream.nested)  # fmt: skip
+        points = layout.lateness.get(group)
+        if points:
+            child(lateness_track(group, rank), -1, parent=group_track.uuid, counter_unit="ms",
+                  counter_share=LATENESS_AXIS, points=points, description="how late this rank enqueued each "
+                  "collective of the group: ms after the median of its members, on the common clock")  # fmt: skip
+        for peer in sorted(peers.get(group, ())):
+            pair = layout.streams[(group, peer)]
+            child(f"send/recv with rank {peer}", peer, parent=group_track.uuid, slices=pair.slices, nested=pair.nested,
+                  description=f"the single sends and recvs between rank {rank} and rank {peer} in this group, on "
+                  "the stream of their pair")  # fmt: skip
+    return RankTimeline(rank, tracks)
+
+
+def _process_track(job: Job, rank: int, highlights: Highlights, stands_for: tuple[int, ...]) -> Track:
+    """A rank's process: named so that what must be seen is seen (the UI shows no labels)."""
+    dump = job.dumps.get(rank)
     labels = []
     if len(stands_for) > 1:
         labels.append(f"stands for {len(stands_for)} ranks: {ranks_label(stands_for)}")
@@ -301,218 +213,15 @@ def rank_timeline(
         if dump.host:
             labels.append(shown(dump.host))
         labels.append(shown(os.path.basename(dump.path)))
-    # The UI shows a process's name (and pid), never its labels: what must be seen goes in the name.
     name = f"rank {rank}" if len(stands_for) <= 1 else f"ranks {ranks_label(stands_for)} ({len(stands_for)})"
     if culprit:
         name += " · CULPRIT"
     elif dump is None:
         name += " · no dump"
-    process = Track(
-        uuid=process_uuid,
-        name=name,
-        pid=PID_BASE + rank,
-        order=rank,  # processes in rank order (a folded one by its first rank)
-        labels=labels,
-        description=shown(f"dump {dump.path} (version {dump.version}, {dump.file_format})")
-        if dump
-        else "this rank left no dump",
+    description = (
+        shown(f"dump {dump.path} (version {dump.version}, {dump.file_format})") if dump else "this rank left no dump"
     )
-    shown_groups = view.groups if view is not None else None
-    cutoffs = view.cutoffs if view is not None else {}
-    by_group: dict[Group, list[Slice]] = {
-        g: [] for g in job.groups_of_rank(rank) if shown_groups is None or g in shown_groups
-    }
-    per_group_ops: dict[Group, list[tuple[MatchedOp, list[Entry]]]] = {}
-    folded: dict[Group, list[int]] = {}
-    if shown_groups is None and not cutoffs:  # the whole history of every group: nothing to leave out
-        for item in rank_ops:
-            group = item[0].group
-            ops_of_group = per_group_ops.get(group)
-            if ops_of_group is None:
-                per_group_ops[group] = [item]
-            else:
-                ops_of_group.append(item)
-    else:
-        for item in rank_ops:
-            op = item[0]
-            if shown_groups is not None and op.group not in shown_groups:
-                continue
-            start = start_on_rank(item)
-            if start < cutoffs.get(op.group, -1):
-                folded.setdefault(op.group, []).append(start)
-                continue
-            per_group_ops.setdefault(op.group, []).append(item)
-    for group, items in per_group_ops.items():
-        by_group[group] = _group_slices(items, span, highlights, rank)
-    for group, starts in folded.items():
-        summary = Slice(
-            min(starts),
-            max(cutoffs[group], min(starts) + 1),
-            SliceLook(
-                f"… {len(starts)} earlier ops (folded)",
-                (("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")),
-            ),
-        )
-        by_group.setdefault(group, []).insert(0, summary)
-    if offset:
-        # On the job's common clock (``clocks``); the args keep the times this rank recorded.
-        for slices in by_group.values():
-            for item in slices:
-                item.start -= offset
-                if item.end is not None:
-                    item.end -= offset
-    notes = [replace(n, start=n.start - offset) for n in highlights.rank_notes.get(rank, ())]
-    tracks = [process]
-    if dump is None:  # the UI shows only tracks with events: a rank without a dump shows through this one
-        start, what = highlights.no_dump_waits.get(rank, (span.start, ""))
-        title = shown(f"no dump: the others wait for it in {what}") if what else "no dump from this rank"
-        look = SliceLook(title, (("status", "this rank left no dump"),))
-        tracks.append(Track(process_uuid + len(tracks), "no dump", parent=process_uuid, order=-2,
-                            slices=[Slice(start, max(span.end, start + 1), look)]))  # fmt: skip
-    if notes:
-        what = "where the rank's threads were (stack snapshot) and what its log says"
-        tracks.append(Track(process_uuid + len(tracks), "stack & logs", parent=process_uuid, order=-1, slices=notes,
-                            description=what))  # fmt: skip
-    for group, slices in sorted(by_group.items(), key=lambda kv: kv[0].order):
-        group_uuid = process_uuid + len(tracks)
-        lanes = assign_lanes(slices)
-        members = group.members_label
-        description = shown(f"process group {group.name} ({group.desc or 'no description'}), members {members}")
-        tracks.append(
-            Track(
-                group_uuid,
-                group.label,
-                parent=process_uuid,
-                order=group.order,
-                description=description,
-                slices=lanes[0] if lanes else [],
-            )
-        )
-        for number, lane in enumerate(lanes[1:], start=2):
-            tracks.append(
-                Track(process_uuid + len(tracks), f"lane {number}", parent=group_uuid, order=number, slices=lane)
-            )
-    return RankTimeline(rank, tracks)
-
-
-def _group_slices(
-    items: list[tuple[MatchedOp, list[Entry]]], span: TimeSpan, highlights: Highlights, rank: int
-) -> list[Slice]:
-    """Slices (and markers) of one rank on one group track, in time order."""
-    items.sort(key=start_on_rank)
-    starts = [entries[0].time_created_ns for _, entries in items if entries]
-    slices: list[Slice] = []
-    position, count = 0, len(items)
-    issued = 0  # items with entries laid out so far
-    while position < count:
-        if _speedups is not None:
-            # C lays out the common items (one entry, completed, look known) as _op_slice would
-            done = _speedups.group_slices(
-                items, position, highlights.looks, highlights.last_looks, Slice, slices, *_C_LOOK_FIELDS
-            )
-            issued += done - position  # every item it laid out had an entry
-            position = done
-            if position == count:
-                break
-        op, entries = items[position]
-        position += 1
-        if not entries:
-            slices.append(_never_issued_marker(op, highlights))
-            continue
-        issued += 1
-        next_start = starts[issued] if issued < len(starts) else None
-        role = highlights.roles.get((rank, op.op_key)) if highlights.roles else None
-        slices.append(_op_slice(op, entries, next_start, span.end, highlights, role))
-    return slices
-
-
-def _op_slice(
-    op: MatchedOp,
-    entries: list[Entry],
-    next_start: int | None,
-    end_of_trace: int,
-    highlights: Highlights,
-    role: str | None = None,
-) -> Slice:
-    """A rank's slice for ``op``; ``next_start``: when its next op on the group began (None: last);
-    ``role``: the rank's part in it where it is a victim (an op that never completed: never the C
-    layout's, which takes completed ones only)."""
-    start = entries[0].time_created_ns
-    head, last = head_entry(entries), state_entry(entries)
-    if last.time_completed_ns:
-        end = last.time_completed_ns
-    else:
-        status = op.status
-        if (
-            status in (MISSING, STUCK) or (status == INCOMPLETE and last.state != COMPLETED)
-            or tracks_completion(last) or (next_start is None and not last.retired)
-        ):  # fmt: skip
-            end = end_of_trace  # it never completed: draw it to the end of the trace
-        else:
-            # No completion time is recorded (gloo); the rank went on to its next op on this group.
-            end = next_start if next_start is not None and next_start > start else start + 1_000
-    if end <= start:
-        end = start + 1
-    key: tuple[object, ...] = look_key(op, entries, head, last)
-    if role is not None:
-        key = (key, role)
-    look = highlights.looks.get(key)
-    if look is None:
-        look = highlights.looks[key] = op_look(op, entries, head, last, highlights, role)
-    return Slice(start, end, look, head, last)
-
-
-# Every field of a rank's head and state entries that op_look and _shared_args read: ranks whose
-# entries agree on these (and on the rest of look_key) share one look. A field they come to read
-# must be added here.
-LOOK_HEAD_FIELDS = (
-    "op", "backend", "collective_seq", "p2p_seq", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes",
-    "frames",
-)  # fmt: skip
-LOOK_LAST_FIELDS = ("state", "retired", "timeout_ms", "backend")
-_look_head = attrgetter(*LOOK_HEAD_FIELDS)
-_look_last = attrgetter(*LOOK_LAST_FIELDS)
-# Where the C layout finds them, and the creation, start and completion times and closed_by.
-_C_LOOK_FIELDS = tuple(
-    tuple(map(Entry._fields.index, names))
-    for names in (("time_created_ns", "time_started_ns", "time_completed_ns", "closed_by"), LOOK_HEAD_FIELDS,
-                  LOOK_LAST_FIELDS)
-)  # fmt: skip
-
-
-def look_key(op: MatchedOp, entries: list[Entry], head: Entry, last: Entry) -> tuple[object, ...]:
-    """What decides the look of a rank's slice for ``op`` (see LOOK_HEAD_FIELDS)."""
-    return (
-        op.op_key, _look_head(head), _look_last(last), last.time_started_ns is None,
-        last.time_completed_ns is None, head.closed_by is not None,
-        tuple(e.profiling_name for e in entries) if len(entries) > 1 else None,
-    )  # fmt: skip
-
-
-def op_look(
-    op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, highlights: Highlights, role: str | None = None
-) -> SliceLook:
-    """The look of a rank's slice for ``op``: its name, the facts the op's ranks share, its flows.
-
-    The caller keys it by ``look_key``, so that the ranks that issued an op alike share one look.
-    """
-    gloo = last.backend in NO_COMPLETION_BACKENDS and last.time_started_ns is None and last.time_completed_ns is None
-    status = op.status
-    name = op.title_as(head.op) if op.kind == "p2p" else op.title
-    if status != OK and (status != INCOMPLETE or last.state != COMPLETED):
-        prefix = PREFIX.get(status, "")
-        if status == MISMATCH:
-            prefix = f"{prefix}({op.mismatch}) "
-        name = prefix + name
-    if role is not None:
-        name = VICTIM + name
-    name = shown(name)  # op names come from the dump; args keep them as they were
-    drawn = highlights.drawn
-    # An op's flow needs two drawn slices.
-    shared = len(op.entries) > 1 if drawn is None else drawn.get(op.op_key, (0, 0))[0] > 1
-    flows = ((op.op_key,) if shared else ()) + tuple(highlights.finding_flows.get(op.op_key, ()))
-    args = tuple(_shared_args(op, entries, head, last, gloo)) + ((("role", role),) if role is not None else ())
-    return SliceLook(name, args, flows, op.op_key if shared else None, timed=not gloo)
+    return Track(rank_uuid(rank), name, pid=PID_BASE + rank, order=rank, labels=labels, description=description)
 
 
 def findings_tracks(
@@ -582,98 +291,6 @@ def findings_tracks(
             for rank in finding.ranks:
                 highlights.no_dump_waits.setdefault(rank, (start, what))
     return tracks, highlights
-
-
-def _never_issued_marker(op: MatchedOp, highlights: Highlights) -> Slice:
-    others = ranks_label([r for r in op.entries])
-    args: tuple[tuple[str, ArgValue], ...] = (
-        ("status", "this rank never issued the op that the others entered here"),
-        ("group", op.group.label),
-        ("collective_seq_id" if op.kind == "collective" else "p2p_seq_id", op.seq),
-        ("issued_by_ranks", others),
-    )
-    flows = tuple(highlights.finding_flows.get(op.op_key, ()))
-    return Slice(op.first_time_ns, None, SliceLook(shown(NEVER_ISSUED + op.title), args, flows, op.op_key))
-
-
-def _shared_args(
-    op: MatchedOp, entries: list[Entry], head: Entry, last: Entry, gloo: bool
-) -> list[tuple[str, ArgValue]]:
-    shared: list[tuple[str, ArgValue]] = [
-        ("status", op.status),
-        ("group", op.group.name),  # its members are in the track's description
-        ("group_desc", op.group.desc),
-        ("collective_seq_id", head.collective_seq),
-        ("p2p_seq_id", head.p2p_seq),
-        ("profiling_name", head.profiling_name),
-        ("input_sizes", sizes_text(head.input_sizes)),
-        ("output_sizes", sizes_text(head.output_sizes)),
-        ("input_dtypes", ",".join(head.input_dtypes)),
-        ("output_dtypes", ",".join(head.output_dtypes)),
-        ("state", last.state),
-        ("retired", last.retired),
-        ("timeout_ms", last.timeout_ms if last.timeout_ms is not None else "unknown"),
-    ]
-    if gloo:
-        shared.append(("timing", GLOO_TIMING))
-    if op.peers:
-        shared.append(("peers", f"{op.peers[0]}->{op.peers[1]}"))
-    if len(entries) > 1 or head.closed_by is not None:
-        inner = [e.profiling_name for e in entries if not e.is_coalesced_end]
-        shared.append(("coalesced_ops", ", ".join(inner) or head.profiling_name))
-    if op.missing:
-        shared.append(("missing_ranks", ranks_label(op.missing)))
-    if op.unknown:
-        shared.append(("unknown_ranks", ranks_label(op.unknown)))
-    if op.mismatch:
-        shared.append(("mismatch", op.mismatch))
-        shared.append(("mismatch_ranks", ranks_label(op.mismatch_ranks) or "undecided"))
-    if head.frames:
-        shared.append(("stack", stack_strings(head.frames)))
-    return shared
-
-
-@functools.lru_cache(maxsize=65536)
-def sizes_text(sizes: tuple[tuple[int, ...], ...]) -> str:
-    """``((4, 8),)`` as ``[[4, 8]]``, the way PyTorch prints sizes."""
-    return str([list(s) for s in sizes])
-
-
-@functools.lru_cache(maxsize=65536)
-def stack_strings(frames: tuple[Frame, ...]) -> tuple[str, ...]:
-    """Frames as ``name (file:line)`` strings, innermost first; ranks share stacks, so cached."""
-    return tuple(f"{f.name} ({f.filename}:{f.line})" for f in frames)
-
-
-def assign_lanes(slices: list[Slice]) -> list[list[Slice]]:
-    """Split time-ordered slices into lanes in which no two slices overlap: each slice goes into the
-    lowest-numbered lane free at its start (first fit), in n log n: lanes that came free wait in a heap
-    by number, busy ones in a heap by when they end."""
-    if _one_lane(slices):
-        return [slices] if slices else []
-    lanes: list[list[Slice]] = []
-    busy: list[tuple[int, int]] = []  # (end, lane number)
-    free: list[int] = []  # lane numbers
-    for s in sorted(slices, key=lambda s: (s.start, s.end if s.end is not None else s.start)):
-        while busy and busy[0][0] <= s.start:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        number = heapq.heappop(free) if free else len(lanes)
-        if number == len(lanes):
-            lanes.append([])
-        lanes[number].append(s)
-        heapq.heappush(busy, (s.end if s.end is not None else s.start, number))
-    return lanes
-
-
-def _one_lane(slices: list[Slice]) -> bool:
-    """Whether each slice ends before the next begins, in the order given: then that order is the
-    time order, and one lane holds them all (the common case, checked in one pass)."""
-    lane_end = None
-    for item in slices:
-        if lane_end is not None and item.start < lane_end:
-            return False
-        lane_end = item.end if item.end is not None else item.start
-    return True
 
 
 NOTE_WINDOW_NS = 86_400_000_000_000  # a log or snapshot time further than this from the dumps' is not trusted

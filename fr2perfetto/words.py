@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .model import MatchedOp, ranks_label
+from .model import Group, MatchedOp, ranks_label
+from .text import shown
 
 
 def where(op: MatchedOp) -> str:
@@ -18,3 +19,8 @@ def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
 def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
     """``rank 3 waits`` / ``ranks 0-2 wait``."""
     return f"{ranks_text(ranks)} {singular if len(ranks) == 1 else plural}"
+
+
+def lateness_track(group: Group, rank: int) -> str:
+    """The name of a rank's lateness counter in a group, in the trace: one the deep link can pin by."""
+    return shown(f"enqueue lateness · {group.desc or 'pg ' + group.name} (pg {group.name}) · rank {rank}")

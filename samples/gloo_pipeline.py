@@ -20,6 +20,7 @@ The stack snapshots and dumps are written again with this machine's paths made n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -110,8 +111,9 @@ def run_scenario(scenario: str, out_dir: str) -> list[str]:
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "DEBUG_PORT": str(debug_port), "PYTHONPATH": here,
                "TORCH_FR_BUFFER_SIZE": "2000"}  # fmt: skip
+        # a session of its own: killing it ends the debug server's workers too, which outlive a rank
         ranks.append(subprocess.Popen([sys.executable, script, out_dir, scenario], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL))  # fmt: skip
+                                      stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
     try:
         for process in ranks:
             assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
@@ -133,7 +135,8 @@ def run_scenario(scenario: str, out_dir: str) -> list[str]:
             time.sleep(0.2)
     finally:
         for process in ranks:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     _portable(out_dir, here)
     os.unlink(script)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +44,20 @@ def nccl_job(tmp_path: Path):
         return out
 
     return write
+
+
+def start_rank(command: list[str], env: dict[str, str], **options: object) -> subprocess.Popen[bytes]:
+    """Start one rank of a job in a session of its own: ``stop_ranks`` ends it with every process it
+    started (PyTorch's debug server runs workers that outlive a killed rank)."""
+    return subprocess.Popen(command, env=env, start_new_session=True, **options)  # type: ignore[call-overload]
+
+
+def stop_ranks(ranks: list[subprocess.Popen[bytes]]) -> None:
+    """Kill what ``start_rank`` started, children included, and reap it."""
+    for process in ranks:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:

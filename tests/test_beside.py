@@ -17,7 +17,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from .conftest import ROOT, nccl_layout, run_cli
+from .conftest import ROOT, nccl_layout, run_cli, start_rank, stop_ranks
 from .tracecheck import read_trace
 
 DEMO = ROOT / "samples" / "nccl" / "demo"  # rank 5 never issued all_reduce #4 of tp
@@ -216,8 +216,8 @@ def test_the_debug_servers_folder_of_a_real_job_names_where_the_sleeper_is(tmp_p
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "DEBUG_PORT": str(debug_port), "PYTHONPATH": str(ROOT)}  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, str(script), str(folder)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
+        ranks.append(start_rank([sys.executable, str(script), str(folder)], env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
     try:
         assert ranks[1].stdout is not None and ranks[1].stdout.readline().strip() == b"sleeping"
         slept_at = time.time()
@@ -232,9 +232,7 @@ def test_the_debug_servers_folder_of_a_real_job_names_where_the_sleeper_is(tmp_p
         while time.monotonic() < deadline and not all(d.exists() for d in dumps):
             time.sleep(0.2)
     finally:
-        for process in ranks:
-            process.kill()
-            process.wait()
+        stop_ranks(ranks)
     names = sorted(p.name for p in folder.iterdir())
     assert any(n.startswith("stacks_") for n in names) and "gloo_trace_rank_1" in names
     report = _verdict(str(folder))

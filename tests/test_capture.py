@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, start_rank, stop_ranks
 
 HANG_GUARD = 300  # seconds: what a dump takes is far less, even on a loaded machine
 
@@ -40,8 +40,8 @@ def _ranks(script: Path, dumps: Path, world: int) -> list[subprocess.Popen[bytes
     for rank in range(world):  # what torchrun does: one process per rank with these variables
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, str(script), str(dumps)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
+        ranks.append(start_rank([sys.executable, str(script), str(dumps)], env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
     return ranks
 
 
@@ -63,9 +63,7 @@ def test_sigusr1_dumps_a_rank_blocked_in_a_collective_at_once(tmp_path: Path):
         assert dump.exists() and ranks[0].poll() is None
         assert (dumps / "gloo_trace_rank_0.ended").read_text() == "running\n"
     finally:
-        for process in ranks:
-            process.kill()
-            process.wait()
+        stop_ranks(ranks)
     from fr2perfetto.job import load_job
 
     job = load_job([str(dumps)])  # the pid and .ended files beside the dump are not read as dumps

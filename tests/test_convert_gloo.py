@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fr2perfetto.job import load_job
+from fr2perfetto.looks import NEVER_ISSUED, PREFIX, VICTIM
 from fr2perfetto.match import match_ops
-from fr2perfetto.timeline import FINDING_FLOW_BASE, NEVER_ISSUED, PREFIX, VICTIM
+from fr2perfetto.streams import LAUNCH_FLOW_BASE
+from fr2perfetto.timeline import FINDING_FLOW_BASE
 
 from .conftest import run_cli
 from .tracecheck import read_trace
@@ -44,9 +46,9 @@ def test_skipped_collective_is_marked_on_waiters_and_on_the_rank_that_never_issu
         )
         for r in (0, 1, 3)
     ]
-    markers = [(trace.process_of(u), name) for u, items in trace.instants.items() for _, name in items]
+    markers = [(trace.process_of(u), name) for u, items in trace.markers().items() for _, name in items]
     assert markers == [("rank 2", NEVER_ISSUED + "all_reduce #4")]
-    (marker_track,) = [u for u, items in trace.instants.items() if items]
+    (marker_track,) = [u for u, items in trace.markers().items() if items]
     assert "default_pg" in trace.tracks[marker_track][0]
 
     # Flows: one per op issued by two ranks or more, each joining all of them, and one from the
@@ -55,7 +57,10 @@ def test_skipped_collective_is_marked_on_waiters_and_on_the_rank_that_never_issu
     op_flows = {f: n for f, n in trace.flows.items() if f < FINDING_FLOW_BASE}
     assert len(op_flows) == sum(1 for op in ops if len(op.entries) >= 2)
     assert sorted(op_flows.values()) == sorted(len(op.entries) for op in ops if len(op.entries) >= 2)
-    assert sorted(n for f, n in trace.flows.items() if f >= FINDING_FLOW_BASE) == [1 + 3 + 1]
+    assert sorted(n for f, n in trace.flows.items() if FINDING_FLOW_BASE <= f < LAUNCH_FLOW_BASE) == [1 + 3 + 1]
+    # and each rank's enqueue of each op it issued joined to where it ran: two ends each
+    launches = [n for f, n in trace.flows.items() if f >= LAUNCH_FLOW_BASE]
+    assert len(launches) == sum(len(op.entries) for op in ops) and set(launches) == {2}
     # gloo records no completion: the slice says so instead of inventing a duration.
     args = next(s[4] for s in trace.all_slices() if trace.process_of(s[0]) == "rank 0")
     assert "records enqueue time only" in str(args["timing"])
@@ -76,18 +81,18 @@ def test_healthy_job_with_mixed_pickle_and_json_dumps(gloo_job, tmp_path: Path):
     trace = read_trace(str(trace_path))
     names = [name for _, _, _, name, _ in trace.all_slices()]
     assert not [n for n in names if n.startswith(("⚠", "⏳"))]
-    assert not trace.instants or not any(trace.instants.values())
+    assert not any(trace.markers().values())
     # default_pg (all), two tp pairs, two dp pairs: each rank has default + tp + dp tracks.
     for rank in range(4):
         groups = sorted(
             name.split(" · ")[0]
             for u, (name, parent) in trace.tracks.items()
-            if parent is not None and trace.process_of(u) == f"rank {rank}"
+            if parent is not None and trace.process_of(u) == f"rank {rank}" and " · pg " in name
         )
         assert groups == ["default_pg", "dp", "tp"]
     # every op was issued by all members of its group, so every slice carries a flow id
     ops = match_ops(load_job([str(dumps)]))
-    assert len(trace.flows) == len(ops)
+    assert len([f for f in trace.flows if f < LAUNCH_FLOW_BASE]) == len(ops)
     # stack frames are on the slices, innermost first
     stack = next(s[4] for s in trace.all_slices() if trace.process_of(s[0]) == "rank 0")["stack"]
     assert isinstance(stack, list) and stack[0].startswith(("all_reduce", "all_gather", "broadcast", "barrier"))

@@ -37,14 +37,17 @@ def test_send_recv_and_coalesced_ops_are_joined(nccl_job, tmp_path: Path):
     # coalesced: one slice per rank carrying the ops inside and the state of the closing entry
     coalesced = [s for s in slices if s[4].get("coalesced_ops") == "nccl:all_reduce, nccl:all_reduce, nccl:all_reduce"]
     assert len(coalesced) == 4 and all(s[4]["state"] == "completed" for s in coalesced)
+    # a batch ran as one group call: one slice per rank, naming both of its ops, joined to both peers
     batch = [s for s in slices if s[3].startswith(("send 1->5", "recv 1->5", "send 5->1", "recv 5->1"))]
-    assert len(batch) == 4 and all(s[4]["state"] == "completed" and "coalesced_ops" in s[4] for s in batch)
+    assert sorted(s[3] for s in batch) == ["recv 1->5 #1 + send 5->1 #1", "send 1->5 #1 + recv 5->1 #1"]
+    assert all(s[4]["state"] == "completed" and "coalesced_ops" in s[4] and len(s[4]["batch"]) == 2 for s in batch)
+    assert trace.slice_flows[(batch[0][0], batch[0][1])][:2] == trace.slice_flows[(batch[1][0], batch[1][1])][:2]
     # flows: every matched op with two ranks or more has one
     ops = match_ops(load_job([str(folder)]))
-    op_flows = [f for f in trace.flows if f < FINDING_FLOW_BASE]
+    op_flows = [f for f in trace.flows if f < FINDING_FLOW_BASE]  # (not the findings', not the enqueues')
     assert len(op_flows) == sum(1 for op in ops if len(op.entries) > 1)
     # rank 5 never issued tp all_reduce #4: marked on 4, 6, 7 and a marker on 5
-    markers = [(trace.process_of(u), n) for u, items in trace.instants.items() for _, n in items]
+    markers = [(trace.process_of(u), n) for u, items in trace.markers().items() for _, n in items]
     assert markers == [("rank 5", "✗ NEVER ISSUED all_reduce #4")]
 
 

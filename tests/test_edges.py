@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, start_rank, stop_ranks
 from .test_hostile import _dump, _entry
 from .tracecheck import read_trace
 
@@ -315,18 +315,6 @@ def _ratio(work: Any, small: Any, large: Any) -> float:
     return _count_lines(work, large) / max(1, _count_lines(work, small))
 
 
-def test_lane_assignment_work_grows_with_the_ops_not_their_square():
-    from fr2perfetto.timeline import Slice, SliceLook, assign_lanes
-
-    look = SliceLook("x", ())
-
-    def never_started(count: int) -> list[Slice]:  # ops enqueued one after another that all run to the end
-        return [Slice(i, 10**9, look) for i in range(count)]
-
-    ratio = _ratio(assign_lanes, never_started(2000), never_started(4000))
-    assert ratio < 2.5, ratio
-
-
 def test_stack_and_log_reading_work_grows_with_the_text():
     from fr2perfetto.logs import parse_log
     from fr2perfetto.stacks import parse_stacks
@@ -549,8 +537,8 @@ def _start_ranks(script: Path, folder: Path, world: int) -> list[subprocess.Pope
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env))  # fmt: skip
+        ranks.append(start_rank([sys.executable, str(script), str(folder)], env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE))  # fmt: skip
     return ranks
 
 
@@ -586,9 +574,7 @@ def test_a_failing_rank_wakes_only_its_own_runs_ranks_and_writes_through_no_link
         assert (folder / "gloo_trace_rank_1.ended").read_text() == "running\n" and ranks[1].poll() is None
         assert (folder / "gloo_trace_rank_0.ended").read_text().startswith("exception: RuntimeError: rank 0 fails")
     finally:
-        for process in ranks:
-            process.kill()
-            process.wait()
+        stop_ranks(ranks)
     try:
         assert [s.poll() for s in strangers] == [None, None, None]  # no stranger received a signal
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 from fr2perfetto import serve
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, start_rank, stop_ranks
 from .tracecheck import read_trace
 
 
@@ -94,8 +95,17 @@ def test_chrome_json_and_gzip_outputs(nccl_job, tmp_path: Path):
     assert starts and sorted(e["id"] for e in starts) == sorted(e["id"] for e in finishes)
     findings = [e for e in events if e["ph"] == "X" and e["name"].startswith("missing: rank 5 never issued")]
     assert len(findings) == 1 and findings[0]["args"]["culprit_ranks"] == "5"
-    marker = [e for e in events if e["ph"] == "i"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    marker = [e for e in events if e["ph"] == "i" and not threads[(e["pid"], e["tid"])].startswith("thread ")]
     assert [m["name"] for m in marker] == ["✗ NEVER ISSUED all_reduce #4"]
+    # every op a rank issued was enqueued by its thread: an instant on that thread's track
+    enqueued = [e for e in events if e["ph"] == "i" and threads[(e["pid"], e["tid"])].startswith("thread ")]
+    assert len(enqueued) == sum(1 for e in events if e["ph"] == "X" and "op_id" in e["args"]) + 2  # and in batches
+    # and how late each rank enqueued in each of its groups, a counter of its process
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    named = [re.fullmatch(r"enqueue lateness · (.+) \(pg (\d+)\) · rank (\d+)", name) for name in counters]
+    assert all(named) and {int(m[3]) for m in named if m} == set(range(8))
+    assert "enqueue lateness · default_pg (pg 0) · rank 5" in counters
     # the gzipped Perfetto trace decompresses to the same trace as the plain one
     plain = tmp_path / "t.pftrace"
     run_cli("convert", str(folder), "-o", str(plain), "-q")
@@ -206,9 +216,12 @@ def test_capture_dumps_every_rank_of_a_real_job(tmp_path: Path):
     for rank in range(4):  # what torchrun does: one process per rank with these variables
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, str(script), str(dumps)], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
-    errors = [p.communicate(timeout=120)[1].decode() for p in ranks]
+        ranks.append(start_rank([sys.executable, str(script), str(dumps)], env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+    try:
+        errors = [p.communicate(timeout=120)[1].decode() for p in ranks]
+    finally:
+        stop_ranks(ranks)
     assert all(p.returncode != 0 for p in ranks)  # every rank died: 2 of its error, the others of timeouts
     assert "loss is NaN on rank 2" in errors[2]
     assert sorted(p.name for p in dumps.glob("gloo_trace_rank_?")) == [f"gloo_trace_rank_{r}" for r in range(4)]

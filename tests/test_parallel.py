@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import nccl_layout
+import pytest
 
 from fr2perfetto import convert as convert_module
 from fr2perfetto import job as job_module
@@ -33,7 +34,7 @@ def _content(path: Path):
     slices = sorted(
         (trace.process_of(s[0]), trace.tracks[s[0]][0], *s[1:4], json.dumps(s[4])) for s in trace.all_slices()
     )
-    instants = sorted((trace.process_of(u), t, n) for u, items in trace.instants.items() for t, n in items)
+    instants = sorted((trace.process_of(u), t, n) for u, items in trace.markers().items() for t, n in items)
     return trace, slices, instants
 
 
@@ -77,7 +78,8 @@ def _read_or_die(path: str, **options: int):
 
 
 def _write_or_die(task):
-    if task[2].endswith("part1"):
+    part = "direct" if task[2] is None else os.path.basename(task[2])  # the first part goes to the output
+    if part == os.environ.get("FR2PERFETTO_TEST_DIES"):
         os._exit(9)
     return _real_write(task)
 
@@ -90,9 +92,11 @@ def test_a_reading_process_that_dies_costs_no_dump(tmp_path: Path, monkeypatch):
     assert sorted(job.dumps) == list(range(32)) and not job.problems
 
 
-def test_a_writing_process_that_dies_is_one_line_and_no_trace(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("dies", ["direct", "part1"])
+def test_a_writing_process_that_dies_is_one_line_and_no_trace(tmp_path: Path, monkeypatch, dies: str):
     folder = tmp_path / "dumps"
     _big_job(folder)
+    monkeypatch.setenv("FR2PERFETTO_TEST_DIES", dies)  # the forked workers see it
     monkeypatch.setattr(convert_module, "_write_part", _write_or_die)
     out = tmp_path / "t.pftrace"
     code, _, stderr = run_cli("convert", str(folder), "-o", str(out), "-j", "2", "-q")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fr2perfetto.timeline import VICTIM
+from fr2perfetto.looks import VICTIM
 
 from .conftest import ROOT, run_cli
 from .tracecheck import read_trace
@@ -75,10 +75,13 @@ def test_trace_joins_each_pair_in_pair_order_and_marks_victims(pipeline, tmp_pat
     assert pairs >= 8
     # rank 4 is blocked in the recv of its gradients from the stopped rank 8; its send of the next
     # activations to rank 8 waits on the same stream (one per pair): both are victims' slices
-    victims = [(n, a.get("role")) for u, _, _, n, a in trace.all_slices() if trace.process_of(u) == "rank 4"
-               and n.startswith(VICTIM)]  # fmt: skip
-    assert ("⛓ VICTIM ⚠ UNMATCHED recv 8->4 #7", "victim: blocked here, waiting for rank 8 (never issued)") in victims
-    assert any("send 4->8" in n and r.startswith("victim: queued behind recv 8->4 #7") for n, r in victims)
+    victims = [(n, a.get("role"), a.get("stream")) for u, _, _, n, a in trace.all_slices()
+               if trace.process_of(u) == "rank 4" and n.startswith(VICTIM)]  # fmt: skip
+    blocked = [v for v in victims if v[0] == "⛓ VICTIM ⚠ UNMATCHED recv 8->4 #7"]
+    assert blocked and blocked[0][1] == "victim: blocked here, waiting for rank 8 (never issued)"
+    assert blocked[0][2].startswith("the first op on its stream that did not complete")  # it holds the stream
+    queued = [n for u, items in trace.instants.items() if trace.process_of(u) == "rank 4" for _, n in items]
+    assert any(n.startswith("⏸ QUEUED send 4->8") and n.endswith("(behind recv 8->4 #7)") for n in queued)
 
 
 def uuid_flow(trace, uuid: int, start: int) -> int:
@@ -92,9 +95,9 @@ def test_clocks_of_two_hosts_are_aligned_in_the_trace(pipeline, tmp_path: Path):
     run_cli("convert", str(pipeline("pipeline_1f1b")), "-o", str(out), "-q")
     trace = read_trace(str(out))
     shifts = {}
-    for uuid, start, _, _, args in trace.all_slices():
-        if "time_created_ns" in args:
-            shifts.setdefault(trace.process_of(uuid), args["time_created_ns"] - start)
+    for uuid, _, end, _, args in trace.all_slices():
+        if isinstance(args.get("time_completed_ns"), int):  # a slice ends where it completed, as drawn
+            shifts.setdefault(trace.process_of(uuid), args["time_completed_ns"] - end)
     host_a = [shifts[f"rank {r}"] for r in range(8)]
     host_b = [shifts[f"rank {r}"] for r in range(8, 16)]
     gap = sum(host_b) / 8 - sum(host_a) / 8

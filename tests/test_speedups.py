@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from fr2perfetto import job, match, reader, timeline
-from fr2perfetto.model import MISSING, STUCK, Entry, Frame, Group, MatchedOp
+from fr2perfetto import job, match, reader, streams, timeline
+from fr2perfetto.model import Entry, Frame, Group, MatchedOp
 from fr2perfetto.renderers import perfetto as perfetto_writer
 from fr2perfetto.renderers.perfetto import PerfettoWriter
+from fr2perfetto.scene import Slice, SliceLook
 from fr2perfetto.speedups import SPEEDUPS
-from fr2perfetto.timeline import Highlights, Slice, SliceLook, TimeSpan
 
 from .conftest import run_cli
 from .tracecheck import read_trace
@@ -29,12 +29,12 @@ NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint lik
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    for module in (reader, job, match, timeline, perfetto_writer):
+    for module in (reader, job, match, streams, timeline, perfetto_writer):
         assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
 def _without_speedups(patch: pytest.MonkeyPatch) -> None:
-    for module in (reader, job, match, timeline, perfetto_writer):
+    for module in (reader, job, match, streams, timeline, perfetto_writer):
         patch.setattr(module, "_speedups", None)
 
 
@@ -126,7 +126,7 @@ def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
     writer = PerfettoWriter(io.BytesIO())
     monkeypatch.setattr(writer, "_slice_packets", lambda item, codes: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        writer.slices(42, [Slice(NOW, None, SliceLook("marker", ()))])
+        writer.slices(42, [Slice(NOW, None, SliceLook("queued", ()), _entry(), _entry())])  # an instant with facts
 
 
 def test_the_c_reader_reads_all_but_the_first_entry_of_each_kind(monkeypatch: pytest.MonkeyPatch):
@@ -211,61 +211,22 @@ def test_entries_cross_from_columns_the_same_in_c_and_python():
         SPEEDUPS.entries_from_columns(Entry, [columns[0], columns[1][:3]])
 
 
-def _edge_items(rank: int) -> list[tuple[MatchedOp, list[Entry]]]:
-    """One rank's ops on one group: ops the C layout takes, and ops that each leave it for one reason."""
-    group = Group("0", "default_pg", (0, 1), 0, "0-1")
+def test_the_partition_by_group_is_the_same_in_c_and_python():
+    """More groups than the C side keeps at hand (40), met in turn, and groups whose ops come out of
+    the order the rank enqueued them."""
+    groups = [Group(str(g), f"g{g}", (0, 1), 0, "0-1") for g in range(20)]
+    twins = [Group(str(g), f"g{g}", (0, 1), 0, "0-1") for g in range(20)]  # other groups: compared by identity
     items = []
-
-    def add(seq: int, entries: list[Entry], status: str = "ok", missing: tuple[int, ...] = ()) -> None:
-        op = MatchedOp(group, "collective", seq, {1 - rank: [_entry()]}, missing=missing, status=status, op_key=seq)
-        op.first_time_ns, op.name = NOW + 1000 * seq, "all_reduce"
-        items.append((op, entries))
-
-    def at(seq: int, **fields: object) -> Entry:
-        times = {"time_created_ns": NOW + 1000 * seq, "time_started_ns": NOW + 1000 * seq + 10}
-        times["time_completed_ns"] = NOW + 1000 * seq + 90
-        return _entry(rank=rank, collective_seq=seq, op_id=seq + rank, record_id=seq, **{**times, **fields})
-
-    add(1, [at(1)])
-    add(2, [at(2, timeout_ms=1000 if rank == 2 else 600000)])  # rank 2 differs from the others: its own look
-    add(3, [at(3, time_completed_ns=NOW + 2990)])  # completed before it was enqueued: one ns long
-    add(4, [at(4, time_completed_ns=None, state="started")], status=STUCK)
-    add(5, [at(5, op="all_gather")])  # a look not made yet
-    add(6, [at(6, frames=())])
-    add(7, [at(7, op="broadcast"), at(7, op="allreduce_coalesced")])  # a coalesced group
-    add(8, [at(8, closed_by=at(8, op="allreduce_coalesced"))])
-    add(9, [], status=MISSING, missing=(rank,))  # never issued: a marker
-    add(10, [at(10, backend="gloo", time_started_ns=None, time_completed_ns=None, state="scheduled")])
-    add(11, [at(11, backend="gloo", time_started_ns=None, time_completed_ns=None, state="scheduled")])
-    add(12, [at(12, time_completed_ns=0)])  # 0 means unknown
-    add(13, [at(13)])
-    return items
-
-
-def _lay_out(monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[list[tuple[object, ...]], int]:
-    """Both ranks' slices (their looks as what they show), and how many ops Python laid out."""
-    calls = []
-    python_layout = timeline._op_slice
-    with monkeypatch.context() as patch:
-        if pure:
-            patch.setattr(timeline, "_speedups", None)
-        patch.setattr(timeline, "_op_slice", lambda *args: calls.append(1) or python_layout(*args))
-        highlights, span = Highlights(), TimeSpan(NOW, NOW + 100_000)
-        slices = [s for rank in (0, 1, 2) for s in timeline._group_slices(_edge_items(rank), span, highlights, rank)]
-    shown = [(s.start, s.end, s.name, s.look.args, s.flow_ids, s.args, s.head, s.last) for s in slices]
-    return shown, len(calls)
-
-
-def test_every_kind_of_op_lays_out_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
-    fast, python_calls = _lay_out(monkeypatch, pure=False)
-    pure, all_calls = _lay_out(monkeypatch, pure=True)
-    assert fast == pure
-    assert len(fast) == 39 and all_calls == 36  # 13 ops per rank, one of them a marker
-    # rank 0 makes every look in Python; C lays out rank 1's plain completed ops (1, 2, 3, 5, 6, 13)
-    # by their look keys, and rank 2's as rank 1's, but for op 2, whose timeout differs
-    assert python_calls == all_calls - 6 - 5
-    assert fast[13 + 1][2] == fast[26 + 1][2] and fast[13 + 1][3] != fast[26 + 1][3]
-    by_seq = {s[0]: s for s in fast[:13]}
-    assert by_seq[NOW + 3000][1] == NOW + 3001  # completed before it began: drawn one ns long
-    assert by_seq[NOW + 4000][1] == NOW + 100_000  # stuck: drawn to the end of the trace
-    assert by_seq[NOW + 10_000][1] == NOW + 11_000  # gloo: until the rank's next op on the group
+    for position in range(400):
+        g = (position * 7) % 20
+        group = groups[g] if position % 3 else twins[g]
+        created = NOW + position * 1000 - (50_000 if g in (3, 17) and (position // 20) % 2 else 0)
+        entry = _entry(time_created_ns=created)
+        op = MatchedOp(group, "collective", position, {0: [entry]}, op_key=position)
+        op.first_time_ns = created
+        items.append((op, [entry] if position % 11 else []))
+    created_at = Entry._fields.index("time_created_ns")
+    fast_groups, fast_unordered = SPEEDUPS.by_group(items, created_at)
+    pure_groups, pure_unordered = streams._by_group(items, created_at)
+    assert fast_groups == pure_groups and len(fast_groups) == 40
+    assert fast_unordered == pure_unordered and {g.name for g in fast_unordered} >= {"3", "17"}

@@ -21,6 +21,8 @@ class TraceSummary:
     flows: Counter[int] = field(default_factory=Counter)
     slice_flows: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (track, start) -> flow ids
     process_order: dict[str, int] = field(default_factory=dict)  # process name -> its sibling_order_rank
+    counters: dict[int, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))  # uuid -> values
+    counter_axes: dict[int, str] = field(default_factory=dict)  # counter track uuid -> its y axis share key
     explicit_process_order: bool = False  # the root descriptor (uuid 0) asks for it
     sequences: set[int] = field(default_factory=set)  # trusted packet sequence ids
 
@@ -31,6 +33,14 @@ class TraceSummary:
             if parent is None:
                 return name
             uuid = parent
+
+    def markers(self) -> dict[int, list[tuple[int, str]]]:
+        """Instants that mark something (never issued, queued, a snapshot, a log line): not the enqueues
+        on the tracks of the threads that enqueued ops."""
+        return {u: items for u, items in self.instants.items() if not self.is_thread_track(u)}
+
+    def is_thread_track(self, uuid: int) -> bool:
+        return self.tracks[uuid][0].startswith(("thread ", "enqueued (thread"))
 
     def tracks_named(self, text: str) -> list[int]:
         return [uuid for uuid, (name, _) in self.tracks.items() if text in name]
@@ -98,12 +108,18 @@ def read_trace(path: str) -> TraceSummary:
                 if desc.HasField("sibling_order_rank"):
                     summary.process_order[name] = desc.sibling_order_rank
             summary.tracks[desc.uuid] = (name, parent)
+            if desc.HasField("counter"):
+                summary.counter_axes[desc.uuid] = desc.counter.y_axis_share_key
         if packet.HasField("track_event"):
             event = packet.track_event
             uuid = event.track_uuid
             assert uuid in summary.tracks, f"event on undescribed track {uuid}"
             assert packet.timestamp >= last_time.get(uuid, 0), f"time goes back on track {uuid}"
             last_time[uuid] = packet.timestamp
+            if event.type == pb.TrackEvent.TYPE_COUNTER:
+                assert uuid in summary.counter_axes, f"a counter value on track {uuid}, which is no counter"
+                summary.counters[uuid].append((packet.timestamp, event.double_counter_value))
+                continue
             if event.type == pb.TrackEvent.TYPE_SLICE_END:
                 assert open_slices[uuid], f"slice end without begin on track {uuid}"
                 start, name, args = open_slices[uuid].pop()

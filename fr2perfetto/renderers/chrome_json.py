@@ -3,7 +3,7 @@
 Same processes, tracks (as threads), slices, args, markers, flows and findings as the Perfetto trace,
 as far as the format carries them. What it loses: interning (files are larger), track descriptions,
 correlation ids, the UI's opening range; a flow joining N slices becomes N-1 ``s``/``f`` pairs; times
-are microseconds as floats (sub-microsecond digits of epoch timestamps are rounded away).
+are whole microseconds (a start rounded up, an end down, so that what touches or nests still does).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import IO
 
-from ..timeline import ArgValue, Slice, Track
+from ..scene import ArgValue, Slice, Track
 from .perfetto import TraceStats
 
 FINDINGS_PID = 0
@@ -33,7 +33,7 @@ class ChromeJsonWriter:
         self._first = True
         self._where: dict[int, tuple[int, int]] = {}  # track uuid -> (pid, tid)
         self._next_tid: dict[int, int] = {}
-        self._flows: dict[int, list[tuple[float, int, int]]] = {}
+        self._flows: dict[int, list[tuple[int, int, int]]] = {}
         self._thread_names: dict[tuple[int, int], str] = {}
         self.stats = TraceStats()
         out.write(b'{"displayTimeUnit": "ns", "traceEvents": [\n')
@@ -67,27 +67,44 @@ class ChromeJsonWriter:
                 self.stats.processes += 1
             return
         pid, parent_tid = self._where[track.parent]
+        if track.counter_unit is not None:  # a counter is its process's, by name: no thread of its own
+            self._where[track.uuid] = (pid, 0)
+            return
         tid = self._next_tid.get(pid, 0) + 1
         self._next_tid[pid] = tid
         self._where[track.uuid] = (pid, tid)
         name = track.name
-        if parent_tid:  # a lane under a group track
+        if parent_tid:  # a stream under a group's (a pair's sends and recvs): named with the group
             name = f"{self._thread_names[(pid, parent_tid)]} {track.name}"
         self._thread_names[(pid, tid)] = name
         self._event({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
         self._event({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
 
+    def events(self, track: Track) -> None:
+        """A track's slices and instants (nested ones as complete events that nest), or its counter's
+        values, as counter events of its process."""
+        if track.points:
+            pid, _ = self._where[track.uuid]
+            for at, value in track.points:
+                self._event({"ph": "C", "name": track.name, "pid": pid, "ts": at // 1000, "args": {track.counter_unit
+                             or "value": value}})  # fmt: skip
+            return
+        self.slices(track.uuid, track.slices)
+
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
+        """Slices as complete events in whole microseconds: a start rounded up, an end rounded down, so
+        that slices that touch or nest in nanoseconds still touch or nest (an epoch time in microseconds
+        with a fraction is past a double's precision, and would overlap its neighbour by a rounding)."""
         pid, tid = self._where[track_uuid]
         for item in slices:
-            ts = item.start / 1000
+            ts = -(-item.start // 1000)
             event: dict[str, object] = {"name": item.name, "pid": pid, "tid": tid, "ts": ts}
             event["args"] = {n: _json_value(v) for n, v in item.args}
             if item.end is None:
                 event.update(ph="i", s="t")
                 self.stats.markers += 1
             else:
-                event.update(ph="X", dur=(item.end - item.start) / 1000)
+                event.update(ph="X", dur=max(0, item.end // 1000 - ts))
                 self.stats.slices += 1
             self._event(event)
             for flow in item.flow_ids:

@@ -17,8 +17,8 @@ from typing import IO, NamedTuple, TypeVar
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..model import Entry, Frame
+from ..scene import ArgValue, Slice, SliceLook, Track, thread_label
 from ..speedups import SPEEDUPS as _speedups
-from ..timeline import ArgValue, Slice, SliceLook, Track, thread_label
 from .wire import Field, varint
 
 SEQUENCE_ID = 1
@@ -34,6 +34,8 @@ _TYPE = Field(_E, "type")
 _BEGIN = _TYPE.int(pb.TrackEvent.TYPE_SLICE_BEGIN)
 _END = _TYPE.int(pb.TrackEvent.TYPE_SLICE_END)
 _INSTANT = _TYPE.int(pb.TrackEvent.TYPE_INSTANT)
+_COUNTER = _TYPE.int(pb.TrackEvent.TYPE_COUNTER)
+_DOUBLE_COUNTER = Field(_E, "double_counter_value")
 _TRACK_UUID = Field(_E, "track_uuid")
 _NAME_IID = Field(_E, "name_iid")
 _ANNOTATION = Field(_E, "debug_annotations")
@@ -111,11 +113,12 @@ class TraceStats:
     tracks: int = 0
     slices: int = 0
     markers: int = 0
-    flow_ids: set[int] = field(default_factory=set)
+    flow_ids: set[int] = field(default_factory=set)  # the flows of looks (ops, findings)
+    launches: int = 0  # each from a rank's enqueue of an op to where it ran (a slice's own flows)
 
     @property
     def flows(self) -> int:
-        return len(self.flow_ids)
+        return len(self.flow_ids) + self.launches
 
     def add(self, other: TraceStats) -> None:
         """Count what another writer wrote of the same trace."""
@@ -124,6 +127,7 @@ class TraceStats:
         self.slices += other.slices
         self.markers += other.markers
         self.flow_ids |= other.flow_ids
+        self.launches += other.launches
 
 
 class PerfettoWriter:
@@ -198,6 +202,10 @@ class PerfettoWriter:
             desc.name = track.name  # a global track (Findings) is shown above every process
             if track.parent is not None:
                 desc.sibling_order_rank = track.order
+        if track.counter_unit is not None:
+            desc.counter.unit_name = track.counter_unit
+            if track.counter_share:  # one y axis for this counter of every rank: the odd one stands out
+                desc.counter.y_axis_share_key = track.counter_share
         if track.description:
             desc.description = track.description
         # Ranks list their groups in one fixed order, the same on every rank.
@@ -236,6 +244,9 @@ class PerfettoWriter:
         encoded = look.encoded
         if encoded is None or encoded[0] is not self._token:
             parts = [_NAME_IID.int(self._iid(self._event_names, look.name, _EVENT_NAMES, _NAME))]
+            if not (look.args or look.flow_ids or look.correlation_id is not None or look.callstack):
+                encoded = look.encoded = (self._token, parts[0])  # a name alone (an enqueue's)
+                return encoded[1]
             parts += [self._arg(name, value) for name, value in look.args]
             parts += [_FLOW_TAG + _pack_u64(flow) for flow in look.flow_ids]
             if look.correlation_id is not None:
@@ -327,15 +338,26 @@ class PerfettoWriter:
             prefix = self._arg_prefixes[name] = _ARG_NAME.int(iid)
         return prefix
 
+    def events(self, track: Track) -> None:
+        """Write a track's events: its counter's values, or its slices and instants (in start order;
+        disjoint ones slice by slice, nested ones with ends in order of time)."""
+        if track.points:
+            self._counter(track.uuid, track.points)
+        elif track.nested:
+            self._nested(track.uuid, track.slices)
+        elif track.slices:
+            self.slices(track.uuid, track.slices)
+
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
-        """Write non-overlapping slices of one track, in time order."""
+        """Write disjoint slices (and instants outside them) of one track, in time order."""
         codes = self._track_codes(track_uuid)
         if self._fact_heads is None:
             self._make_fact_heads()  # interns their names now, whichever path encodes the slices
         if _speedups is not None:
-            data, slice_count, marker_count = _speedups.encode_slices(
+            data, slice_count, marker_count, launches = _speedups.encode_slices(
                 slices, self._fast_context(codes), partial(self._slice_packets, codes=codes)
             )
+            self.stats.launches += launches
         else:
             slice_count = marker_count = 0
             out: list[bytes] = []
@@ -350,6 +372,35 @@ class PerfettoWriter:
         self.stats.slices += slice_count
         self.stats.markers += marker_count
 
+    def _nested(self, track_uuid: int, slices: list[Slice]) -> None:
+        """Slices that nest (and instants inside them), in start order, outer ones first: each end is
+        written once every event that begins before it is."""
+        codes = self._track_codes(track_uuid)
+        if self._fact_heads is None:
+            self._make_fact_heads()
+        ordered = sorted(slices, key=lambda s: (s.start, -(s.end if s.end is not None else s.start)))
+        out: list[bytes] = []
+        open_ends: list[int] = []
+        for item in ordered:
+            while open_ends and open_ends[-1] <= item.start:
+                out.append(self._end_packet(open_ends.pop(), codes))
+            out.append(self._begin_packet(item, codes))
+            if item.end is None:
+                self.stats.markers += 1
+            else:
+                self.stats.slices += 1
+                open_ends.append(item.end)
+        while open_ends:
+            out.append(self._end_packet(open_ends.pop(), codes))
+        self._out.write(b"".join(out))
+
+    def _counter(self, track_uuid: int, points: list[tuple[int, float]]) -> None:
+        head = _COUNTER + _TRACK_UUID.int(track_uuid)
+        self._out.write(b"".join(
+            _framed(self._sequence + _TIMESTAMP.int(at) + _TRACK_EVENT.bytes(head + _DOUBLE_COUNTER.double(value)))
+            for at, value in points
+        ))  # fmt: skip
+
     def _track_codes(self, track_uuid: int) -> _TrackCodes:
         track = _TRACK_UUID.int(track_uuid)
         return _TrackCodes(_BEGIN + track, _INSTANT + track, _TRACK_EVENT.bytes(_END + track))
@@ -358,30 +409,39 @@ class PerfettoWriter:
         """What ``_speedups.encode_slices`` needs to encode the slices that ``_slice_packets`` would
         encode without interning anything new; see ``_speedups.c`` for the order."""
         return (
-            self._token, self._packet_head, codes.begin, codes.end_event, self._new_interned,
+            self._token, self._packet_head, codes.begin, codes.instant, codes.end_event, self._new_interned,
             self._op_ids, self._record_ids, self._threads, self._fact_heads,
-            _TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _ENTRY_FIELDS,
+            _TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _FLOW_TAG, _INTERNED.tag, self._look, _ENTRY_FIELDS,
         )  # fmt: skip
 
     def _slice_packets(self, item: Slice, codes: _TrackCodes) -> bytes:
-        """One slice's packets (begin and end), or a marker's (one instant)."""
+        """One slice's packets (begin and end), or an instant's (one)."""
+        packet = self._begin_packet(item, codes)
+        return packet if item.end is None else packet + self._end_packet(item.end, codes)
+
+    def _begin_packet(self, item: Slice, codes: _TrackCodes) -> bytes:
+        """A slice's begin packet, or an instant's."""
         look = item.look
         encoded = look.encoded
         look_chunk = encoded[1] if encoded is not None and encoded[0] is self._token else self._look(look)
         start, end, head = item.start, item.end, item.head
         start_bytes = varint(start)
-        end_bytes = b"" if end is None else varint(end)
         event = codes.instant if end is None else codes.begin
         if head is not None and item.last is not None:
+            end_bytes = b"" if end is None else varint(end)
             event += look_chunk + self._facts(head, item.last, look.timed, start, start_bytes, end, end_bytes)
         else:
             event += look_chunk
+        if item.flows:
+            event += b"".join(_FLOW_TAG + _pack_u64(flow) for flow in item.flows)
+            if head is not None:  # an enqueue's flow is counted at its other end
+                self.stats.launches += len(item.flows)
         packet_head = self._packet_head + start_bytes
         if self._new_interned:
             packet_head += _INTERNED.bytes(b"".join(self._new_interned))
             self._new_interned.clear()
         size = len(event)
-        packet = _framed(packet_head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event)
-        if end is None:
-            return packet
-        return packet + _framed(self._packet_head + end_bytes + codes.end_event)
+        return _framed(packet_head + _TRACK_EVENT_TAG + (_LENGTHS[size] if size < 16384 else varint(size)) + event)
+
+    def _end_packet(self, end: int, codes: _TrackCodes) -> bytes:
+        return _framed(self._packet_head + varint(end) + codes.end_event)
