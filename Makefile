@@ -1,48 +1,61 @@
-# Set-up is two commands: `make demo` and `make test`. Everything installs into .venv.
+# Everything installs into .venv, once: a target reinstalls only when pyproject.toml or the C source
+# changed. `make help` lists the targets.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 DEMO_TRACE := build/demo.pftrace
+INSTALLED := $(VENV)/.installed
+INSTALLED_TEST := $(VENV)/.installed-test
 
-.PHONY: install install-test demo test fuzz-verdicts lint proto samples bench clean
+.PHONY: help install install-test demo test test-fast fuzz-verdicts lint proto samples bench clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-install: $(BIN)/python
+$(INSTALLED): $(BIN)/python pyproject.toml fr2perfetto/_speedups.c
 	$(PIP) install -e . 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import fr2perfetto, perfetto, typer"
+	@touch $@
 
-install-test: $(BIN)/python
+$(INSTALLED_TEST): $(BIN)/python pyproject.toml fr2perfetto/_speedups.c
 	$(PIP) install -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import fr2perfetto, perfetto, typer, torch, pytest, hypothesis"
+	@touch $@ $(INSTALLED)
 
-demo: install
+install: $(INSTALLED) ## Install fr2perfetto into .venv (no torch)
+
+install-test: $(INSTALLED_TEST) ## Install fr2perfetto with what the tests need (torch 2.13 CPU, pytest, ruff)
+
+demo: $(INSTALLED) ## Convert and analyze a sample hang; print how to open the trace
 	$(BIN)/fr2perfetto convert samples/gloo/skip -o $(DEMO_TRACE)
 	@echo
 	$(BIN)/fr2perfetto analyze samples/gloo/skip || true
 	@echo
 	@echo "Trace: $(abspath $(DEMO_TRACE))"
-	@echo "Open https://ui.perfetto.dev and drop the file on it (or: Open trace file)."
+	@echo "Open it: $(BIN)/fr2perfetto open $(DEMO_TRACE)  (or drop it on https://ui.perfetto.dev)"
 
-test: install-test
+test: $(INSTALLED_TEST) ## Run every test (real multi-process gloo jobs included: minutes)
 	$(BIN)/python -m pytest -q
 
+test-fast: $(INSTALLED_TEST) ## Run the tests that start no torch job and are not slow, on every core (under a minute)
+	$(BIN)/python -m pytest -q -n auto -m "not torch_job and not slow"
+
 # 10,000 generated parallel programs, healthy and faulty: right / undecided / wrong verdicts by fault.
-fuzz-verdicts: install-test
+fuzz-verdicts: $(INSTALLED_TEST) ## Judge the verdicts of 10,000 generated programs (FUZZ_ARGS=...)
 	$(BIN)/python tests/fuzz_verdicts.py $(FUZZ_ARGS)
 
-lint: install-test
+lint: $(INSTALLED_TEST) ## ruff: lint and format check
 	$(BIN)/ruff check fr2perfetto tests samples bench
 	$(BIN)/ruff format --check fr2perfetto tests samples bench
 
-# Regenerate the committed protobuf modules from proto/.
-proto: install-test
+proto: $(INSTALLED_TEST) ## Regenerate the committed protobuf modules from proto/
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=fr2perfetto/proto --pyi_out=fr2perfetto/proto proto/fr2perfetto_report.proto
 
-# Re-make the bundled samples: real gloo jobs (needs torch) and NCCL-layout dumps.
-samples: install-test
+samples: $(INSTALLED_TEST) ## Re-make the bundled samples: real gloo jobs and NCCL-layout dumps
 	rm -rf samples/gloo samples/nccl
 	$(BIN)/python samples/gloo_jobs.py samples/gloo healthy skip skip_subgroup deadlock size_mismatch dtype_mismatch type_mismatch order_swap data_ops grid_3d grid_3d_skip
 	$(BIN)/python samples/gloo_pipeline.py samples/gloo pipeline_stopped
@@ -50,8 +63,8 @@ samples: install-test
 	$(BIN)/python samples/nccl_layout.py samples/nccl
 	$(BIN)/python samples/nccl_sim.py samples/nccl
 
-bench: install-test
+bench: $(INSTALLED_TEST) ## Time convert and analyze against unpickling alone (BENCH_ARGS=...)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
-clean:
-	rm -rf build bench-data .pytest_cache fr2perfetto/*.so
+clean: ## Remove what builds and benchmarks leave (not .venv)
+	rm -rf build dist bench-data .pytest_cache fr2perfetto/*.so

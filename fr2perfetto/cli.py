@@ -24,25 +24,43 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, cleanup
-from .convert import STDOUT, analyse, refuse_output, write_trace
+from .convert import STDOUT, analyse, refuse_output, refuse_to_open, write_trace
 from .diagnose import HEALTHY
 from .fold import choose_ranks, parse_ranks, plan_view
 from .gcpause import gc_paused
 from .job import Job, load_job
 from .model import ranks_label
+from .next_steps import next_steps
 from .renderers.markdown import render_markdown
 from .renderers.terminal import render_analysis
 from .report import build_report, report_json
-from .serve import UI_PORT, serve_once
+from .serve import UI_PORT, link_to, serve_once
 from .speedups import SPEEDUPS
 from .text import shown
 from .trigger import signal_ranks, trigger_dumps
+from .words import count
 
+
+def _plain_help() -> None:
+    """Help that names what a value is (``--ranks RANKS``), as people write it, not the Python type behind
+    it: typer 0.2x prints ``<bool>`` beside every flag, ``<list[str]>`` beside arguments and ``{inputs}``
+    in the usage line. Older typers print neither; nothing changes there."""
+    core = getattr(typer, "core", None)
+    option, argument = getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)
+    if option is None or argument is None or not hasattr(argument, "_usage_display_name"):
+        return
+    shown_type = option.display_type_rich
+    option.display_type_rich = lambda self, ctx: None if self.is_flag else shown_type(self, ctx)
+    argument.display_type_rich = lambda self, ctx: None
+    argument._usage_display_name = lambda self: (self.metavar or self.name.upper()) + ("..." if self.nargs != 1 else "")
+
+
+_plain_help()
 app = typer.Typer(
     name="fr2perfetto",
     help="Turn PyTorch Flight Recorder dumps of every rank into one Perfetto trace, and name what hung the job.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # a paragraph of help is one paragraph, however its source lines break
     pretty_exceptions_enable=False,
 )
 # No console markup: what is printed holds text from dumps (group names, paths), which must print as is.
@@ -73,12 +91,24 @@ def _keep_until_exit(*objects: object) -> None:
 
 
 Inputs = Annotated[
-    list[str], typer.Argument(help="Dump files, directories of dumps, or glob patterns.", show_default=False)
+    list[str],
+    typer.Argument(
+        help="Dump files, folders of dumps, archives or glob patterns.", metavar="DUMPS", show_default=False
+    ),
 ]
 Jobs = Annotated[
-    int, typer.Option("--jobs", "-j", min=0, help="Processes that read dumps in parallel (default: all cores).")
+    int,
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=0,
+        metavar="N",
+        show_default=False,
+        help="Processes that read and write in parallel (when not given: one per core).",
+    ),
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors (and the report with --json).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors.")]
+QuietVerdict = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict's line (and errors).")]
 Redact = Annotated[
     bool,
     typer.Option(
@@ -93,10 +123,15 @@ KeepNames = Annotated[
 Logs = Annotated[
     list[str] | None,
     typer.Option(
-        "--logs", help="Log files or folders of the job (logs beside the dumps are read anyway).", show_default=False
+        "--logs",
+        metavar="PATH",
+        show_default=False,
+        help="Log files or folders of the job (logs beside the dumps are read anyway); may be repeated.",
     ),
 ]
-MaxDumpSize = Annotated[float, typer.Option("--max-dump-size", help="Refuse, unread, dump files over this many MB.")]
+MaxDumpSize = Annotated[
+    float, typer.Option("--max-dump-size", metavar="MB", help="Refuse, unread, dump files over this many MB.")
+]
 MAX_MEGABYTES = 1 << 20  # a terabyte: a limit beyond it is no limit, and a number to overflow
 
 
@@ -177,24 +212,44 @@ def _chosen_groups(text: str | None, job: Job) -> set[str] | None:
 def convert(
     inputs: Inputs,
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Trace file to write (- for standard output, in Perfetto's format).")
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE",
+            help="Trace to write: .pftrace (Perfetto) or .json (Chrome), either maybe .gz; - for standard output.",
+        ),
     ] = Path("trace.pftrace"),
     full: Annotated[bool, typer.Option("--full", help="Write every op of every rank, however large.")] = False,
     ranks: Annotated[
-        str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0-7,85 (never folded).", show_default=False)
+        str | None,
+        typer.Option(
+            "--ranks", metavar="RANKS", help="Only these ranks, e.g. 0-7,85 (never folded).", show_default=False
+        ),
     ] = None,
     groups: Annotated[
-        str | None, typer.Option("--groups", help="Only these groups, by name or desc, e.g. tp,0.", show_default=False)
+        str | None,
+        typer.Option(
+            "--groups", metavar="GROUPS", help="Only these groups, by name or desc, e.g. tp,0.", show_default=False
+        ),
     ] = None,
     window: Annotated[
         int | None,
         typer.Option(
-            "--window", min=1, help="Keep the last N ops of each group before its first problem.", show_default=False
+            "--window",
+            min=1,
+            metavar="N",
+            show_default=False,
+            help="Keep the last N ops of each group before its first problem.",
         ),
     ] = None,
-    max_size_mb: Annotated[float, typer.Option("--max-size", help="Fold the trace to stay under this many MB.")] = 256,
+    max_size_mb: Annotated[
+        float, typer.Option("--max-size", metavar="MB", help="Fold the trace to stay under this many MB.")
+    ] = 256,
     open_ui: Annotated[bool, typer.Option("--open", help="Open the trace in ui.perfetto.dev when written.")] = False,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Local port for --open.")] = UI_PORT,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, metavar="PORT", help="Local port for --open.")
+    ] = UI_PORT,
     redact: Redact = False,
     keep_names: KeepNames = False,
     jobs: Jobs = 0,
@@ -237,38 +292,42 @@ def convert(
         except OSError as error:
             _error(f"{output}: cannot write the trace ({error.strerror or error})")
             raise typer.Exit(EXIT_UNUSABLE) from None
+    size = 0 if to_stdout else os.path.getsize(output)
+    if size > max_bytes and not full:
+        _warning(
+            f"{output}: {_human_size(size)}, over --max-size {max_size_mb:g} MB by {_human_size(size - max_bytes)}: "
+            "what the findings are about is never folded away; choose less with --ranks, --groups or --window"
+        )
     if not quiet:
-        size = os.path.getsize(output)
         verdict = analysis.diagnosis.verdict
         out.print(
-            f"Wrote {shown(str(output))} ({_human_size(size)}): {len(job.ranks)} ranks in {stats.processes} processes, "
-            f"{len(job.groups)} groups, {stats.tracks} tracks, {stats.slices} ops, {stats.flows} flows, "
-            f"{stats.markers} markers, "
-            f"{len(analysis.diagnosis.findings)} findings."
+            f"Wrote {shown(str(output))} ({_human_size(size)}): {count(len(job.ranks), 'rank')} in "
+            f"{count(stats.processes, 'process', 'processes')}, {count(len(job.groups), 'group')}, "
+            f"{count(stats.tracks, 'track')}, {count(stats.slices, 'op')}, {count(stats.flows, 'flow')}, "
+            f"{count(stats.markers, 'marker')}, {count(len(analysis.diagnosis.findings), 'finding')}."
         )
         out.print(f"Verdict: {shown(verdict.summary)}")
-        if view.folded:
+        if view.to_fit:
             out.print(
                 f"Folded to stay under {max_size_mb:g} MB (everything: about {_human_size(view.full_bytes)}): "
                 + shown("; ".join(view.notes))
                 + ". Use --full for everything, or --ranks, --groups, --window to choose."
             )
+        elif view.folded:
+            out.print("Shown: " + shown("; ".join(view.notes)) + ".")
         if not open_ui:
             out.print(f"Open it: fr2perfetto open {shown(str(output))}  (or drop it on https://ui.perfetto.dev)")
     if open_ui:
         _open(str(output), quiet, port)
 
 
-def _open(path: str, quiet: bool, port: int = UI_PORT, link_only: bool = False) -> None:
+def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
     over_ssh = bool(os.environ.get("SSH_CONNECTION"))
     # no display on Linux: a remote shell too, most likely, whatever the browser module tries
     remote = over_ssh or (sys.platform.startswith("linux") and not os.environ.get("DISPLAY")
                           and not os.environ.get("WAYLAND_DISPLAY"))  # fmt: skip
 
     def announce(link: str, opened: bool) -> None:
-        if link_only:
-            out.print(link, soft_wrap=True)
-            return
         if opened and not quiet:
             out.print("Opening the trace in your browser; serving it once from 127.0.0.1 (Ctrl-C stops).")
         elif not opened:
@@ -283,10 +342,8 @@ def _open(path: str, quiet: bool, port: int = UI_PORT, link_only: bool = False) 
             out.print(f"Open this link in a browser {where} (Ctrl-C stops):\n{link}", soft_wrap=True)
 
     try:
-        fetched = serve_once(path, port=port, announce=announce, serve=not link_only,
-                             open_browser=(lambda _: False) if (link_only or over_ssh) else None)  # fmt: skip
-        if link_only:
-            return
+        fetched = serve_once(path, port=port, announce=announce,
+                             open_browser=(lambda _: False) if over_ssh else None)  # fmt: skip
     except OSError as error:
         _error(f"cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
@@ -294,21 +351,43 @@ def _open(path: str, quiet: bool, port: int = UI_PORT, link_only: bool = False) 
         out.print("The UI fetched the trace; server stopped." if fetched else "Stopped.")
 
 
-@app.command("open", epilog="Example:\n\n  fr2perfetto open crash.pftrace")
+@app.command("open", epilog="Examples:\n\n  fr2perfetto open crash.pftrace\n\n"
+             "  fr2perfetto open crash.pftrace --url https://example.org/traces/crash.pftrace")  # fmt: skip
 def open_command(
-    trace: Annotated[Path, typer.Argument(help="A trace written by fr2perfetto convert.", show_default=False)],
+    trace: Annotated[
+        Path, typer.Argument(help="A trace written by fr2perfetto convert.", metavar="TRACE", show_default=False)
+    ],
     port: Annotated[
-        int, typer.Option("--port", min=0, max=65535, help="Local port (the UI fetches from 9001).")
+        int, typer.Option("--port", min=0, max=65535, metavar="PORT", help="Local port (the UI fetches from 9001).")
     ] = UI_PORT,
-    quiet: Quiet = False,
-    link_only: Annotated[bool, typer.Option("--link-only", help="Print the link and serve nothing.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the link to open.")] = False,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            metavar="URL",
+            help="Where the trace is served already (by a server that lets ui.perfetto.dev fetch it): print "
+            "the link that opens it there, at its first problem, and serve nothing.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Open a trace in ui.perfetto.dev at its first problem: serve it once from 127.0.0.1 and open the
     browser at it (over SSH: print the port forwarding to set up, and the link)."""
     if not trace.is_file():
         _error(f"{trace}: no such file")
         raise typer.Exit(EXIT_UNUSABLE)
-    _open(str(trace), quiet, port, link_only)
+    refused = refuse_to_open(str(trace))
+    if refused:
+        _error(f"{trace}: {refused}")
+        raise typer.Exit(EXIT_UNUSABLE)
+    if url is not None:
+        if not url.startswith(("https://", "http://")):
+            _error(f"--url: {url!r} is not an http(s) address")
+            raise typer.Exit(EXIT_UNUSABLE)
+        out.print(link_to(url, str(trace)), soft_wrap=True)
+        return
+    _open(str(trace), quiet, port)
 
 
 RIGHT_ALIGNED = {"rank", "entries", "size"}
@@ -355,23 +434,26 @@ def info(
         _keep_until_exit(job)
     all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
     day = _clock(min(all_times))[:10] if all_times else ""
-    with_hosts = any(d.host for d in job.dumps.values())
+    with_hosts = any(job.host_of(rank) for rank in job.ranks)
+    with_endings = bool(job.endings)
     columns = ["rank", *(["host"] if with_hosts else []), "file", "version", "format", "backend", "entries",
-               "first op", "last op"]  # fmt: skip
+               "first op", "last op", *(["ended"] if with_endings else [])]  # fmt: skip
     rows = []
     for rank in job.ranks:
         dump = job.dumps.get(rank)
-        host = [dump.host or "" if dump else ""] if with_hosts else []
+        host = [job.host_of(rank) or ""] if with_hosts else []
+        ended = [job.endings.get(rank, "")] if with_endings else []
         if dump is None:
-            rows.append([str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", ""])
+            rows.append([str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", "", *ended])
             continue
         backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
         times = [e.time_created_ns for e in dump.entries]
         first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
         rows.append([str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
-                     str(len(dump.entries)), first, last])  # fmt: skip
-    title = f"{len(job.dumps)} dumps, {len(job.ranks)} ranks, {day} (times UTC)"
-    out.print(_fitting_table(title, columns, rows, droppable=("backend", "format", "version", "first op", "host")))
+                     str(len(dump.entries)), first, last, *ended])  # fmt: skip
+    title = f"{count(len(job.dumps), 'dump')}, {count(len(job.ranks), 'rank')}, {day} (times UTC)"
+    droppable = ("backend", "format", "version", "first op", "host")  # how a rank ended stays: it may be why
+    out.print(_fitting_table(title, columns, rows, droppable=droppable))
     group_rows = []
     for group in job.groups:
         dumped = sum(1 for r in group.members if r in job.dumps)
@@ -379,7 +461,7 @@ def info(
             [group.name, group.desc, str(len(group.members)), group.members_label, f"{dumped}/{len(group.members)}"]
         )
     group_columns = ["group", "desc", "size", "members", "with a dump"]
-    out.print(_fitting_table(f"{len(job.groups)} process groups", group_columns, group_rows, droppable=("size",)))
+    out.print(_fitting_table(count(len(job.groups), "process group"), group_columns, group_rows, droppable=("size",)))
     missing = job.missing_ranks
     out.print(f"Missing dumps: {'ranks ' + ranks_label(missing) if missing else 'none'}")
 
@@ -392,10 +474,13 @@ def _clock(ns: int) -> str:
 @app.command(epilog="Example:\n\n  fr2perfetto trigger /tmp/fr_dumps")
 def trigger(
     folder: Annotated[
-        Path, typer.Argument(help="The folder given to fr2perfetto.capture.configure.", show_default=False)
+        Path,
+        typer.Argument(help="The folder given to fr2perfetto.capture.configure.", metavar="FOLDER", show_default=False),
     ],
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="How many times to ask.")] = 3,
-    every: Annotated[float, typer.Option("--every", min=0.0, max=3600.0, help="Seconds between rounds.")] = 2.0,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, metavar="N", help="How many times to ask.")] = 3,
+    every: Annotated[
+        float, typer.Option("--every", min=0.0, max=3600.0, metavar="SECONDS", help="Seconds between rounds.")
+    ] = 2.0,
 ) -> None:
     """Ask every running rank to dump now: the ranks of a job set up with fr2perfetto.capture on this host
     (by their dump signal; each also writes where its threads are), and NCCL ranks anywhere through
@@ -426,7 +511,7 @@ def trigger(
 
 @app.command(
     epilog="Examples:\n\n  fr2perfetto analyze dumps/\n\n  fr2perfetto analyze dumps/ --json > report.json\n\n"
-    "Exit codes: 0 healthy, 1 findings, 2 unusable input."
+    "Exit codes: 0 healthy, 1 a finding (hang, mismatch, crash, slow or undecided), 2 unusable input."
 )
 def analyze(
     inputs: Inputs,
@@ -437,19 +522,23 @@ def analyze(
         str,
         typer.Option(
             "--format",
+            metavar="FORMAT",
             help="text (for a terminal), markdown (to paste into an issue) or json (the same as --json).",
         ),
     ] = "text",
     redact: Redact = False,
     keep_names: KeepNames = False,
     jobs: Jobs = 0,
-    quiet: Quiet = False,
+    quiet: QuietVerdict = False,
     max_dump_mb: MaxDumpSize = 1024,
     logs: Logs = None,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
     if output_format not in ("text", "markdown", "json"):
         _error(f"--format: {output_format!r} is none of text, markdown, json")
+        raise typer.Exit(EXIT_UNUSABLE)
+    if as_json and output_format not in ("text", "json"):
+        _error(f"--json and --format {output_format} ask for two formats: give one")
         raise typer.Exit(EXIT_UNUSABLE)
     as_json = as_json or output_format == "json"
     plain = as_json or output_format == "markdown"
@@ -458,8 +547,9 @@ def analyze(
         analysis = analyse(job)
         _keep_until_exit(job, analysis)
     diagnosis = analysis.diagnosis
+    given = ["<dumps>"] if redact else inputs
+    diagnosis.next_steps = next_steps(job, diagnosis, given)
     if output_format == "markdown":
-        given = ["<dumps>"] if redact else inputs
         command = " ".join(["fr2perfetto analyze", *given, "--format markdown", *(["--redact"] if redact else [])])
         sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command))
     elif as_json:

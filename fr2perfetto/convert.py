@@ -13,6 +13,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -281,16 +282,40 @@ def _destination(path: str) -> Iterator[IO[bytes]]:
         yield out
 
 
+def refuse_to_open(path: str) -> str | None:
+    """Why ``path`` is not a trace the UI opens (one line), or None: a Perfetto trace begins with a
+    packet (field 1, length-delimited: byte 0x0a), Chrome's JSON with ``{`` or ``[``; either may be
+    gzipped. A Flight Recorder dump (a pickle) is named as one."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if head[:2] == b"\x1f\x8b":
+                handle.seek(0)
+                with gzip.GzipFile(fileobj=handle) as unpacked:
+                    head = unpacked.read(64)
+    except (OSError, EOFError, zlib.error) as error:
+        return f"cannot read it ({getattr(error, 'strerror', None) or error})"
+    if head[:1] == b"\x0a" or head.lstrip()[:1] in (b"{", b"["):
+        return None
+    if head[:1] == b"\x80":
+        return "a Flight Recorder dump, not a trace: convert it first (fr2perfetto convert DUMPS -o trace.pftrace)"
+    return "not a trace (neither Perfetto's format nor Chrome's JSON)"
+
+
 def refuse_output(path: str, inputs: list[str]) -> str | None:
     """Why ``path`` must not be written (one line), or None: it must never replace evidence, so not one
     of the ``inputs``' files, and nothing but a regular file (not a symlink, a pipe, a device, a
     folder), which writing a temporary file and renaming it over would replace."""
     if path == STDOUT:
         return "refusing to write a binary trace to a terminal" if sys.stdout.isatty() else None
+    unnamed = None
+    if output_format(path) is None:
+        known = ", ".join([*PERFETTO_SUFFIXES, *JSON_SUFFIXES])
+        unnamed = f"the name says no format: end it with one of {known} (or that and .gz)"
     try:
         status = os.lstat(path)
     except FileNotFoundError:
-        return None
+        return unnamed
     except OSError as error:
         return f"cannot check it ({error.strerror or error})"
     if not stat.S_ISREG(status.st_mode):
@@ -300,13 +325,23 @@ def refuse_output(path: str, inputs: list[str]) -> str | None:
         with contextlib.suppress(OSError):
             if os.path.samefile(name, path):
                 return "is one of the input dumps: refusing to overwrite it"
-    return None
+    return unnamed
 
 
-def output_format(path: str) -> str:
-    """``json`` for ``.json`` and ``.json.gz`` (Chrome's format), else ``perfetto``."""
+# What an output's name may end with, each plain or gzipped: Perfetto's own, then Chrome's JSON.
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace", ".pb")
+JSON_SUFFIXES = (".json",)
+
+
+def output_format(path: str) -> str | None:
+    """``perfetto`` or ``json`` (Chrome's format), from the name's ending (``.gz`` aside); None for a name
+    that says neither (standard output, ``-``: Perfetto's)."""
+    if path == STDOUT:
+        return "perfetto"
     name = path.lower().removesuffix(".gz")
-    return "json" if name.endswith(".json") else "perfetto"
+    if name.endswith(PERFETTO_SUFFIXES):
+        return "perfetto"
+    return "json" if name.endswith(JSON_SUFFIXES) else None
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from .corroborate import corroborate
 from .evidence import WAIT_NOT_STARTED, Evidence, gather_evidence
 from .frozen import Freeze, find_freeze
 from .job import Job
+from .match import NO_COMPLETION_BACKENDS
 from .model import (
     INCOMPLETE,
     MISMATCH,
@@ -47,9 +48,12 @@ MISMATCH_KINDS = {"size": "size_mismatch", "dtype": "dtype_mismatch", "op": "typ
 
 # Verdict statuses and root-cause categories, in the words people use.
 HANG, MISMATCH_STATUS, HEALTHY, UNDECIDED, CRASH = "hang", "mismatch", "healthy", "undecided", "crash"
+SLOW = "slow"  # nothing hung, but a rank holds the others up: never "healthy" with a culprit named
 CATEGORY_NEVER_REACHED = "a rank never reached the collective (CPU-side divergence or a stuck rank)"
+CATEGORY_P2P = "a send or recv was never matched (its peer never posted the other end)"
 CATEGORY_DEADLOCK = "deadlock across process groups (ranks wait for each other in different groups)"
-CATEGORY_ARGUMENTS = "wrong collective arguments (ranks disagree on op, size or dtype)"
+CATEGORY_ORDER = "ranks issued different collectives at the same point (their order or code path differs)"
+CATEGORY_ARGUMENTS = "wrong collective arguments (ranks disagree on size or dtype)"
 CATEGORY_GPU_HANG = "GPU/NCCL/network hang (every rank entered the op and none completed)"
 CATEGORY_NOT_STARTED = "a rank's GPU never started the op (a kernel of its own holds its stream)"
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
@@ -84,6 +88,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)  # what the logs say, checked against the dumps
     caveats: list[str] = field(default_factory=list)  # what these dumps cannot show (``beside.blind_spots``)
     freeze: Freeze | None = None  # the window in which no rank moved, from the stack snapshots
+    next_steps: list[str] = field(default_factory=list)  # what to do next (``next_steps``; set by the caller)
 
 
 @dataclass(slots=True)
@@ -104,8 +109,10 @@ def last_op_text(evidence: Evidence, rank: int) -> str:
     last = dump.entries[-1]
     group = evidence.job.group_of[(rank, last.group_name)]
     seq = last.p2p_seq if last.is_p2p else last.collective_seq
-    state = state_entry([last]).state
-    return f"rank {rank}'s last op: {last.op} #{seq} of {group.desc or 'pg ' + group.name} (pg {group.name}), {state}"
+    name = f"{last.op} #{seq} of {group.desc or 'pg ' + group.name} (pg {group.name})"
+    if last.backend in NO_COMPLETION_BACKENDS:  # its state never moves past scheduled: it says nothing
+        return f"rank {rank}'s last op recorded: {name}, state unknown: {last.backend} records no completion"
+    return f"rank {rank}'s last op: {name}, {state_entry([last]).state}"
 
 
 def culprit_frames(evidence: Evidence, rank: int) -> tuple[Frame, ...]:
@@ -117,6 +124,28 @@ def culprit_frames(evidence: Evidence, rank: int) -> tuple[Frame, ...]:
         if entry.frames:
             return entry.frames
     return ()
+
+
+def culprit_stacks(
+    evidence: Evidence, finding: Finding, ops_by_key: dict[int, MatchedOp]
+) -> tuple[tuple[tuple[int, ...], tuple[Frame, ...]], ...]:
+    """Each culprit's stack where the finding is about it: where it issued the finding's op (a mismatch:
+    the op it got wrong), else where it issued its last op (a rank that never issued the op: as near to
+    where it is as its dump says). Ranks whose stacks are the same share one item."""
+    stacks: dict[tuple[Frame, ...], list[int]] = {}
+    for rank in finding.culprit_ranks:
+        frames: tuple[Frame, ...] = ()
+        for key in finding.op_keys:
+            op = ops_by_key.get(key)
+            entries = op.entries.get(rank) if op is not None else None
+            if entries:
+                frames = head_entry(entries).frames or next((e.frames for e in entries if e.frames), ())
+                if frames:
+                    break
+        frames = frames or culprit_frames(evidence, rank)
+        if frames:
+            stacks.setdefault(frames, []).append(rank)
+    return tuple((tuple(ranks), frames) for frames, ranks in stacks.items())
 
 
 def _victim_line(context: _Context, rank: int) -> str:
@@ -488,8 +517,8 @@ def rule_straggler(context: _Context) -> list[Finding]:
         lines = [
             f"rank {rank} was the last member of {name} to enqueue in {found.count} of its {found.considered} "
             f"collectives ({share:.0%}), by at least {found.threshold_ns / 1e6:.0f} ms each time;",
-            f"it enqueued {found.median_lag_ns / 1e6:.1f} ms after the median member (median), "
-            f"{found.p90_lag_ns / 1e6:.1f} ms (p90).",
+            f"it enqueued at least {found.median_lag_ns / 1e6:.1f} ms after the median member in half of them, "
+            f"and at most {found.p90_lag_ns / 1e6:.1f} ms after in nine of ten.",
         ]
         clock = evidence.clocks.groups.get(group)
         if found.aligned and clock is not None and any(clock.estimates.values()):
@@ -517,6 +546,7 @@ def rule_straggler(context: _Context) -> list[Finding]:
                 f"in {share:.0%} of its collectives",
                 time_ns=0,
                 culprit_frames=culprit_frames(evidence, rank),
+                lag_ns=found.median_lag_ns,
             )
         )
     return findings
@@ -537,14 +567,14 @@ RULES: list[Callable[[_Context], list[Finding]]] = [
 _WEIGHT = {
     KIND_DEADLOCK: (HANG, CATEGORY_DEADLOCK),
     KIND_MISSING: (HANG, CATEGORY_NEVER_REACHED),
-    KIND_P2P: (HANG, CATEGORY_NEVER_REACHED),
+    KIND_P2P: (HANG, CATEGORY_P2P),
     KIND_NOT_STARTED: (HANG, CATEGORY_NOT_STARTED),
     KIND_NO_DUMP: (HANG, CATEGORY_NO_DUMP),
-    "type_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
+    "type_mismatch": (MISMATCH_STATUS, CATEGORY_ORDER),
     "size_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
     "dtype_mismatch": (MISMATCH_STATUS, CATEGORY_ARGUMENTS),
     KIND_STUCK: (HANG, CATEGORY_GPU_HANG),
-    KIND_STRAGGLER: (HEALTHY, CATEGORY_STRAGGLER),
+    KIND_STRAGGLER: (SLOW, CATEGORY_STRAGGLER),
     KIND_STUCK_CPU: (HANG, CATEGORY_STUCK_CPU),
     KIND_CRASH: (CRASH, CATEGORY_OWN_ERROR),
 }
@@ -564,11 +594,7 @@ def verdict(
     with any of them, a job the dumps find nothing wrong with is never healthy, but undecided, and the
     first of them is said."""
     informational = [f for f in findings if f.kind == KIND_STRAGGLER]
-    blaming = [
-        f for f in findings
-        if f.kind != KIND_STRAGGLER and (f.culprit_ranks or f.kind in _CAUSES_BY_THEMSELVES or f.kind == KIND_MISSING
-                                         or f.kind == KIND_P2P or f.kind == KIND_NOT_STARTED)
-    ]  # fmt: skip
+    blaming = [f for f in findings if _is_a_cause(f)]
     if not blaming:
         quiet = _without_a_cause(findings, ops, informational)
         if quiet.status == HEALTHY and contradicted:
@@ -576,15 +602,7 @@ def verdict(
             return Verdict(UNDECIDED, (), CATEGORY_CONTRADICTED, f"{UNDECIDED}: {what}, but {contradicted[0]}",
                            [*contradicted, *quiet.evidence])  # fmt: skip
         return quiet
-    ranked = sorted(
-        blaming,
-        key=lambda f: (
-            not (f.culprit_ranks or f.kind in _CAUSES_BY_THEMSELVES),
-            f.kind == KIND_STUCK and not timed,
-            f.time_ns,
-        ),
-    )
-    ranked = _gpu_side_first(ranked)
+    ranked = _ranked(blaming, timed)
     top = ranked[0]
     status, category = _WEIGHT[top.kind]
     culprits: list[int] = []
@@ -599,9 +617,41 @@ def verdict(
     return Verdict(status, tuple(culprits), category, summary, [f.summary for f in ranked + informational])
 
 
+def _is_a_cause(finding: Finding) -> bool:
+    """Whether a finding may be the verdict's root cause (a straggler never is)."""
+    return finding.kind != KIND_STRAGGLER and bool(
+        finding.culprit_ranks
+        or finding.kind in _CAUSES_BY_THEMSELVES
+        or finding.kind in (KIND_MISSING, KIND_P2P, KIND_NOT_STARTED)
+    )
+
+
+def _ranked(causes: list[Finding], timed: bool) -> list[Finding]:
+    """Root causes first (findings that blame a rank, ops that are causes by themselves), then findings
+    about victims; earliest first; an op none completed, without start events, after the others."""
+    ranked = sorted(
+        causes,
+        key=lambda f: (
+            not (f.culprit_ranks or f.kind in _CAUSES_BY_THEMSELVES),
+            f.kind == KIND_STUCK and not timed,
+            f.time_ns,
+        ),
+    )
+    return _gpu_side_first(ranked)
+
+
+def order_findings(findings: list[Finding], timed: bool = True) -> list[Finding]:
+    """The findings in the order ``verdict`` weighs them, so that finding 1 is the verdict's headline:
+    the possible causes, ranked; then stragglers; then the rest, as found."""
+    causes = [f for f in findings if _is_a_cause(f)]
+    slow = [f for f in findings if f.kind == KIND_STRAGGLER]
+    rest = [f for f in findings if f.kind != KIND_STRAGGLER and not _is_a_cause(f)]
+    return _ranked(causes, timed) + slow + rest
+
+
 def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informational: list[Finding]) -> Verdict:
-    """The verdict where no finding is a root cause: undecided where ops did not complete, else healthy
-    (with stragglers named, or the lost dumps nobody waits for)."""
+    """The verdict where no finding is a root cause: undecided where ops did not complete, slow where a
+    straggler holds the others up, else healthy (the lost dumps nobody waits for said)."""
     unfinished = [op for op in ops if op.status == INCOMPLETE]
     if unfinished and not informational:
         op = unfinished[0]
@@ -615,9 +665,19 @@ def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informationa
     if informational:
         top = informational[0]
         culprits = tuple(dict.fromkeys(r for f in informational for r in f.culprit_ranks))
-        return Verdict(HEALTHY, culprits, CATEGORY_STRAGGLER, f"{HEALTHY}: {top.summary}",
+        return Verdict(SLOW, culprits, CATEGORY_STRAGGLER, f"{SLOW}: {top.summary}",
                        [f.summary for f in informational])  # fmt: skip
     no_dump = [f for f in findings if f.kind == KIND_NO_DUMP]
+    alone = {rank for op in ops for rank in op.entries}
+    if len(alone) == 1:  # one rank's ops: matched against nothing
+        (rank,) = alone
+        if no_dump:
+            return Verdict(UNDECIDED, (), CATEGORY_NONE,
+                           f"undecided: only rank {rank}'s dump holds ops, and a hang between ranks shows only "
+                           f"against the others' ({no_dump[0].summary})", [no_dump[0].summary])  # fmt: skip
+        return Verdict(HEALTHY, (), CATEGORY_NONE,
+                       f"healthy: only rank {rank}'s dump was read, and nothing in it is wrong (no other rank's "
+                       "ops to match its against)", [])  # fmt: skip
     if no_dump:  # a rank whose dump is lost, that no rank waits for: healthy as far as the dumps show
         return Verdict(HEALTHY, (), CATEGORY_NONE,
                        f"healthy: every op matched on every rank with a dump; {no_dump[0].summary}",
@@ -650,6 +710,14 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
         # the dumps name no culprit: what lies beside them may (``beside``)
         findings += rule_stuck_cpu(job, freeze) + rule_crashed(job)
     findings, notes = corroborate(evidence, findings)
+    findings = order_findings(findings, evidence.timed)
+    ops_by_key = {op.op_key: op for op in ops}
+    for finding in findings:
+        if finding.kind != KIND_STUCK_CPU:  # whose stack is the snapshot that shows it stuck
+            finding.stacks = culprit_stacks(evidence, finding, ops_by_key)
+            finding.culprit_frames = finding.stacks[0][1] if finding.stacks else ()
+        elif finding.culprit_frames:
+            finding.stacks = ((finding.culprit_ranks, finding.culprit_frames),)
     weighed = verdict(findings, ops, evidence.timed, contradictions(job, freeze))
     weighed.evidence += notes
     caveats = blind_spots(job)

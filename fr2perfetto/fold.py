@@ -35,6 +35,7 @@ class View:
     notes: list[str] = field(default_factory=list)
     estimated_bytes: int = 0
     full_bytes: int = 0
+    to_fit: bool = False  # folded to stay under the size limit (not only as the options chose)
 
     @property
     def folded(self) -> bool:
@@ -143,7 +144,7 @@ def plan_view(
         notes.append(
             f"{hidden} older ops summarised (the last {current} ops of each group before its first problem kept)"
         )
-    return View(processes, cutoffs, shown_groups, notes, size, whole.estimated_bytes)
+    return View(processes, cutoffs, shown_groups, notes, size, whole.estimated_bytes, fold_needed)
 
 
 def _cutoffs(by_group: dict[Group, list[MatchedOp]], window: int, protected: set[Group]) -> dict[Group, int]:

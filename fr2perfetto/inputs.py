@@ -19,12 +19,12 @@ the damage kept.
 
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
 import re
 import tarfile
 import zipfile
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
@@ -37,10 +37,12 @@ MAX_MEMBERS = 200_000
 MAX_RATIO = 100  # inflated bytes per compressed byte, past RATIO_FLOOR
 RATIO_FLOOR = 32 << 20  # an archive may inflate this much whatever its ratio
 TEXT_LIMIT = 16 << 20  # bytes of a log or stack file read (its end)
+SMALL_TEXT_LIMIT = 4096  # bytes of a .ended or rank file read
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 _STACK_NAME = re.compile(r"(^stacks_.*\.txt$|^pyspy.*|^py-spy.*|.*\.stacks?(\.txt)?$)", re.IGNORECASE)
 _LOG_NAME = re.compile(r"(\.(log|out|err)$|^(stderr|stdout)(\.\w+)?$)", re.IGNORECASE)
 # what fr2perfetto's own capture and writers leave beside dumps: passed over without a word
+_RANK_FILE = re.compile(r"fr_pid_rank_\d{1,8}")  # capture.rank_file_name
 _COMPANIONS = re.compile(r"(^fr_(pid|pipe)_rank_|\.(ended|partial|pipe|pftrace|pftrace\.gz)$)")
 _NOT_DUMPS = re.compile(
     r"(^\.|^fr_(pid|pipe)_rank_|\.(pftrace|gz|md|txt|log|py|sh|tmp|partial|pipe|ended|json\.gz|html|csv)$)"
@@ -70,7 +72,9 @@ class Found:
     archived: list[RankDump | LoadProblem] = field(default_factory=list)  # dumps read from archives
     stacks: list[Source] = field(default_factory=list)
     logs: list[Source] = field(default_factory=list)
-    skipped: Counter[str] = field(default_factory=Counter)  # why -> how many files
+    endings: list[Source] = field(default_factory=list)  # <dump>.ended: how the capture helper's rank ended
+    rank_files: list[Source] = field(default_factory=list)  # fr_pid_rank_<N>: the capture helper's host and pid
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # why -> the files skipped for it
     problems: list[LoadProblem] = field(default_factory=list)
 
 
@@ -82,7 +86,7 @@ def find_inputs(inputs: list[str], max_bytes: int, read_member: ReadMember, logs
     an archive is read there and then, by ``read_member(path, data)``."""
     found = Found()
     paths, unmatched = expand_inputs(inputs, recursive=True)
-    found.problems += [LoadProblem(item, "no such file or directory, or no dump in it") for item in unmatched]
+    found.problems += [LoadProblem(item, _why_nothing(item)) for item in unmatched]
     for path in paths:
         if path.lower().endswith(ARCHIVE_SUFFIXES):
             _archive(path, max_bytes, read_member, found)
@@ -95,9 +99,24 @@ def find_inputs(inputs: list[str], max_bytes: int, read_member: ReadMember, logs
     return found
 
 
+def _why_nothing(item: str) -> str:
+    """Why an input gave no file: it does not exist, it is an empty folder, or a pattern matched nothing."""
+    if os.path.isdir(item):
+        return "an empty folder (no file in it, hidden ones aside)"
+    if os.path.lexists(item):
+        return "not a regular file"
+    if glob.has_magic(item):
+        return "the pattern matches no file"
+    return "no such file or directory"
+
+
 def _kind(name: str) -> str | None:
     """What a file is by its name: ``stacks``, ``log``, ``text`` (a .txt that may be stacks), ``dump``,
     None for what fr2perfetto itself leaves beside dumps, else why it is skipped."""
+    if name.endswith(".ended") and parse_dump_name(name[: -len(".ended")]) is not None:
+        return "ended"
+    if _RANK_FILE.fullmatch(name):
+        return "rank file"
     if _COMPANIONS.search(name):
         return None
     if _STACK_NAME.search(name):
@@ -121,10 +140,14 @@ def _sort(source: Source, name: str, found: Found) -> None:
         found.logs.append(source)
     elif kind == "dump":
         found.dumps.append(source)
+    elif kind == "ended":
+        found.endings.append(source)
+    elif kind == "rank file":
+        found.rank_files.append(source)
     elif kind == "text":
-        found.skipped["not a dump by its name"] += 1
+        found.skipped.setdefault("not a dump by its name", []).append(source.path)
     elif kind is not None:
-        found.skipped[kind] += 1
+        found.skipped.setdefault(kind, []).append(source.path)
 
 
 def _looks_like_stacks(source: Source) -> bool:
@@ -236,9 +259,13 @@ def _archived_member(
 ) -> None:  # fmt: skip
     """Read one member of an archive as its kind asks, within the archive's budget."""
     kind = _kind(name)
+    if kind in ("ended", "rank file") and handle is not None:  # a line or two each
+        source = Source(path, _read_tail(handle, SMALL_TEXT_LIMIT, budget, path))
+        (found.endings if kind == "ended" else found.rank_files).append(source)
+        return
     if kind is None or handle is None or kind not in ("dump", "stacks", "log", "text"):
         if kind is not None and kind not in ("dump", "stacks", "log", "text"):
-            found.skipped[kind] += 1
+            found.skipped.setdefault(kind, []).append(path)
         return
     if kind == "dump":
         if size > max_bytes:
@@ -263,7 +290,7 @@ def _archived_member(
     elif kind == "log":
         found.logs.append(source)
     else:
-        found.skipped["not a dump by its name"] += 1
+        found.skipped.setdefault("not a dump by its name", []).append(path)
 
 
 CHUNK = 1 << 20

@@ -6,6 +6,7 @@ collects one ``LoadProblem`` per bad file and resolves groups. ``resolve_groups`
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -15,16 +16,29 @@ from functools import partial
 from itertools import repeat
 from typing import TypeVar
 
+from .files import parse_dump_name
 from .gcpause import gc_paused
-from .inputs import TEXT_LIMIT, Found, find_inputs, read_limited
+from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
-from .model import Entry, Group, LoadProblem, LogEvent, RankDump, StackSnapshot, group_counts, ranks_label
+from .model import (
+    LOG_EXCEPTION,
+    MAX_RANK,
+    Entry,
+    Group,
+    LoadProblem,
+    LogEvent,
+    RankDump,
+    StackSnapshot,
+    group_counts,
+    plausible_time,
+    ranks_label,
+)
 from .pools import process_pool
 from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
 from .redact import redact_dumps
 from .speedups import SPEEDUPS as _speedups
 from .stacks import parse_stacks
-from .text import path_text
+from .text import path_text, shown
 
 
 @dataclass(slots=True)
@@ -40,8 +54,21 @@ class Job:
     # rank -> every snapshot of it, oldest first (those whose time is known; the others after them)
     snapshots: dict[int, list[StackSnapshot]] = field(default_factory=dict)
     log_events: list[LogEvent] = field(default_factory=list)
+    # what the capture helper left beside the dumps (``capture``): rank -> how its process ended
+    # (``exception: ...``, ``signal SIGTERM``, ``exit``, or ``running`` when dumped on request), and
+    # rank -> (host, pid) of its process
+    endings: dict[int, str] = field(default_factory=dict)
+    processes: dict[int, tuple[str, int]] = field(default_factory=dict)
     _by_rank: dict[int, list[Group]] | None = None
     _ranks: list[int] | None = None
+
+    def host_of(self, rank: int) -> str | None:
+        """The host of a rank, from its dump or its capture rank file; None where nothing says."""
+        dump = self.dumps.get(rank)
+        if dump is not None and dump.host:
+            return dump.host
+        process = self.processes.get(rank)
+        return process[0] if process else None
 
     @property
     def ranks(self) -> list[int]:
@@ -205,9 +232,9 @@ def load_job(
 
     problems = list(found.problems)
     if found.skipped:
-        reasons = ", ".join(f"{count} {why}" for why, count in sorted(found.skipped.items()))
-        problems.append(LoadProblem(" ".join(inputs), f"{sum(found.skipped.values())} files skipped ({reasons})",
-                                    fatal=False))  # fmt: skip
+        # where nothing else was found, the files skipped are the answer: fatal, and said so
+        alone = not (on_disk or found.archived or found.problems)
+        problems.append(LoadProblem(" ".join(inputs), skipped_text(found.skipped, alone), fatal=alone))
     dumps: dict[int, RankDump] = {}
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     results = [*read_files(on_disk, workers, advance, max_dump_bytes), *found.archived]
@@ -231,10 +258,71 @@ def load_job(
         problems.append(LoadProblem("the inputs", "stack snapshots and logs are left out with --redact "
                                     "(their text holds names and paths)", fatal=False))  # fmt: skip
     job = build_job(dumps, problems)
-    if not redact:
+    if not redact:  # names and paths: left out with --redact
         job.snapshots, job.log_events = _evidence(found, dumps, job.problems)
         job.stacks = _choose_snapshots(job.snapshots, _dumped_at(dumps))
+        job.endings, job.processes, exceptions = _capture_files(found)
+        job.log_events += exceptions
     return job
+
+
+MAX_ENDING = 400  # characters of a .ended file kept: one exception line
+
+
+def _capture_files(found: Found) -> tuple[dict[int, str], dict[int, tuple[str, int]], list[LogEvent]]:
+    """What the capture helper left: how each rank ended (its ``.ended`` files: an exception is an event
+    of the rank's own, as a log's would be), and each rank's host and pid (its rank file)."""
+    endings: dict[int, str] = {}
+    events: list[LogEvent] = []
+    for source in found.endings:
+        name = parse_dump_name(os.path.basename(source.path)[: -len(".ended")])
+        try:
+            text = read_limited(source, SMALL_TEXT_LIMIT).decode("utf-8", "replace")
+            mtime = None if source.data is not None else os.stat(source.path).st_mtime_ns
+        except OSError:
+            continue
+        line = shown((text.splitlines() or [""])[0].strip()[:MAX_ENDING])
+        if name is None or not line:
+            continue
+        endings[name.rank] = line
+        if line.startswith("exception: "):  # capture._excepthook: the exception that ended the rank
+            events.append(LogEvent(name.rank, plausible_time(mtime), LOG_EXCEPTION, line.removeprefix("exception: "),
+                                   path_text(source.path)))  # fmt: skip
+    processes: dict[int, tuple[str, int]] = {}
+    for source in found.rank_files:
+        try:  # capture.rank_file_text: JSON with the rank, its host and pid
+            value = json.loads(read_limited(source, SMALL_TEXT_LIMIT))
+            rank, host, pid = value["rank"], value["host"], value["pid"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if (
+            type(rank) is int
+            and 0 <= rank < MAX_RANK
+            and type(pid) is int
+            and 0 < pid < 1 << 31
+            and isinstance(host, str)
+        ):
+            processes[rank] = (shown(host[:MAX_ENDING]), pid)
+    return endings, processes, events
+
+
+DUMP_NAMES = "nccl_trace_rank_0, gloo_trace_rank_3.json, rank_7 (a prefix, then the rank)"
+NAMES_SHOWN = 3  # files named per reason they were skipped
+
+
+def skipped_text(skipped: dict[str, list[str]], alone: bool) -> str:
+    """Why files were skipped, naming the first few of each reason; ``alone``: nothing else was found,
+    so also what a dump's name looks like."""
+    total = sum(len(paths) for paths in skipped.values())
+    reasons = []
+    for why, paths in sorted(skipped.items()):
+        names = ", ".join(path_text(os.path.basename(p)) for p in paths[:NAMES_SHOWN])
+        more = f" and {len(paths) - NAMES_SHOWN} more" if len(paths) > NAMES_SHOWN else ""
+        reasons.append(f"{why}: {names}{more}")
+    files = "1 file" if total == 1 else f"{total} files"
+    if alone:
+        return f"no Flight Recorder dump among its {files} ({'; '.join(reasons)}); dumps are named like {DUMP_NAMES}"
+    return f"{files} skipped ({'; '.join(reasons)})"
 
 
 def _read_member(path: str, data: bytes) -> RankDump | LoadProblem:

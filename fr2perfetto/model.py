@@ -326,7 +326,11 @@ class Finding:
     time_ns: int
     culprit_frames: tuple[Frame, ...] = ()
     op_keys: tuple[int, ...] = ()  # the matched ops it is about
+    # the culprits' stacks where the finding is about them (``diagnose.culprit_stacks``): (ranks, their
+    # stack), ranks that share one stack together, in the order of ``culprit_ranks``
+    stacks: tuple[tuple[tuple[int, ...], tuple[Frame, ...]], ...] = ()
     window: tuple[int, int] | None = None  # the time it is about, where no op says (stack snapshots)
+    lag_ns: int = 0  # a straggler's: how late it enqueues, the median over its ops, behind the median member
 
 
 MAX_RANK = 1 << 24  # ranks at or beyond this are refused: no job has them, and they would size tables

@@ -38,6 +38,20 @@ KNOWN_DESCS = {
 }  # fmt: skip
 _TORCH_CODE = re.compile(r"(^|[/\\])(torch|torch_npu|apex|megatron|deepspeed)[/\\]")
 _SPLIT = re.compile(r"[/\\]")
+# Python's own library: lib/python3.11/..., not what was installed into it (site-packages, dist-packages)
+_STDLIB = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!(site|dist)-packages[/\\])")
+
+
+def public_code(path: str) -> str | None:
+    """A frame's file in torch's code (or a library of the same kind) or Python's standard library, from
+    its package down, with where it was installed left out; None for any other file."""
+    torch = _TORCH_CODE.search(path)
+    if torch is not None:
+        return "<site-packages>/" + path[torch.start(2) :].replace("\\", "/")
+    stdlib = _STDLIB.search(path)
+    if stdlib is not None:
+        return "<python>/" + path[stdlib.end() :].replace("\\", "/")
+    return None
 
 
 class Redactor:
@@ -65,7 +79,12 @@ class Redactor:
 
     def path(self, path: str, torch_code: bool | None = None) -> str:
         """``/home/alice/train.py`` (or ``C:\\Users\\alice\\train.py``) to ``<dir1>/train.py``, the file
-        name itself kept for torch's code (and with ``keep_names``), else ``file1.py``."""
+        name itself kept with ``keep_names``, else ``file1.py``. Code that is not the job's own stays
+        readable from its package down, where it was installed said no more than that:
+        ``<site-packages>/torch/distributed/distributed_c10d.py``, ``<python>/multiprocessing/process.py``."""
+        public = public_code(path)
+        if public is not None:
+            return public
         parts = _SPLIT.split(path)
         directory, base = path[: len(path) - len(parts[-1])].rstrip("/\\"), parts[-1]
         keep = self.keep_names or (torch_code if torch_code is not None else bool(_TORCH_CODE.search(path)))
@@ -84,7 +103,7 @@ class Redactor:
     def _frame(self, frame: Frame) -> Frame:
         known = self._frames.get(frame)
         if known is None:
-            torch_code = bool(_TORCH_CODE.search(frame.filename))
+            torch_code = public_code(frame.filename) is not None
             name = (
                 frame.name
                 if torch_code or self.keep_names or frame.name == "<module>"

@@ -11,7 +11,7 @@ from .model import MatchedOp
 from .proto import fr2perfetto_report_pb2 as report_pb2
 from .stacks import main_thread, where
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 _INT32_MAX = 2**31 - 1
 
 
@@ -45,6 +45,11 @@ def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report
             item.group.members.extend(finding.group.members)
         for frame in finding.culprit_frames:
             item.culprit_frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
+        for ranks, frames in finding.stacks:
+            stack = item.stacks.add(ranks=ranks)
+            for frame in frames:
+                stack.frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
+        item.lag_ns = finding.lag_ns
     summary = report.job
     summary.ranks = len(job.ranks)
     summary.ranks_with_dump.extend(job.dumps)
@@ -68,6 +73,7 @@ def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report
     for event in job.log_events:
         report.log_events.add(rank=event.rank, time_ns=event.time_ns or 0, kind=event.kind, line=event.line,
                               source=event.source, details=event.details)  # fmt: skip
+    report.next_steps.extend(diagnosis.next_steps)
     return report
 
 

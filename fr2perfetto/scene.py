@@ -118,6 +118,7 @@ class Track:
     counter_unit: str | None = None  # a counter track: ``points`` are its (time, value), in this unit
     counter_share: str = ""  # counters of one key share a y axis across processes
     points: list[tuple[int, float]] = field(default_factory=list)
+    enqueues: bool = False  # a thread's track: its instants are enqueues, not markers of a problem
 
 
 @dataclass(slots=True)

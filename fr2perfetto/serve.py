@@ -126,6 +126,14 @@ class _OneTraceServer(http.server.ThreadingHTTPServer):
         pass  # a client that went away (or never spoke) is not the command's error
 
 
+def link_to(trace_url: str, path: str, origin: str = UI_ORIGIN) -> str:
+    """The deep link that opens the trace ``path`` (its focus read from it) where it is served already,
+    at ``trace_url`` (by a server that lets the UI's origin fetch it)."""
+    return f"{origin}/#!/?url={urllib.parse.quote(trace_url, safe=':/')}&referrer=fr2perfetto" + link_arguments(
+        read_focus(path)
+    )
+
+
 def serve_once(
     path: str,
     *,
@@ -133,12 +141,11 @@ def serve_once(
     origin: str = UI_ORIGIN,
     open_browser: Callable[[str], bool] | None = None,
     announce: Callable[[str, bool], None] = lambda link, opened: None,
-    serve: bool = True,
 ) -> bool:
     """Serve ``path`` until the UI fetched it once (True) or Ctrl-C (False).
 
     ``announce(link, opened)`` is told the deep link and whether a browser could be opened at it
-    (a remote shell has none: then the person opens the printed link); ``serve`` false: only that.
+    (a remote shell has none: then the person opens the printed link).
     """
     server = _OneTraceServer(path, port, origin)
     try:
@@ -148,8 +155,6 @@ def serve_once(
         except Exception:  # no browser is not an error: the link is printed
             opened = False
         announce(link, opened)
-        if not serve:
-            return False
         server.timeout = 0.5
         while not server.fetched.is_set():
             server.handle_request()

@@ -161,7 +161,7 @@ def rank_timeline(
               "and what its log says", nested=True)  # fmt: skip
     for number, ((thread_id, thread_name), instants) in enumerate(layout.enqueues.items()):
         name = f"thread {thread_name} ({thread_id})" if thread_name or thread_id else "enqueued (thread not recorded)"
-        child(shown(name), -1 - len(layout.enqueues) + number, slices=instants,
+        child(shown(name), -1 - len(layout.enqueues) + number, slices=instants, enqueues=True,
               description="the ops this thread enqueued, each joined by a flow to where it ran")  # fmt: skip
     groups = [g for g in job.groups_of_rank(rank) if shown_groups is None or g in shown_groups]
     peers: dict[Group, list[int]] = {}
@@ -186,7 +186,7 @@ def rank_timeline(
         if points:
             child(lateness_track(group, rank), -1, parent=group_track.uuid, counter_unit="ms",
                   counter_share=LATENESS_AXIS, points=points, description="how late this rank enqueued each "
-                  "collective of the group: ms after the median of its members, on the common clock")  # fmt: skip
+                  "collective of the group: ms after the median of its members, on the group's clock")  # fmt: skip
         for peer in sorted(peers.get(group, ())):
             pair = layout.streams[(group, peer)]
             child(f"send/recv with rank {peer}", peer, parent=group_track.uuid, slices=pair.slices, nested=pair.nested,

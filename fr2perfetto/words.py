@@ -24,3 +24,8 @@ def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
 def lateness_track(group: Group, rank: int) -> str:
     """The name of a rank's lateness counter in a group, in the trace: one the deep link can pin by."""
     return shown(f"enqueue lateness · {group.desc or 'pg ' + group.name} (pg {group.name}) · rank {rank}")
+
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 group`` / ``3 groups`` (``plural``: where adding an s is wrong)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"

@@ -18,6 +18,13 @@ import gloo_jobs  # noqa: E402
 import nccl_layout  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads a real gloo job's dumps starts that job: ``make test-fast`` leaves it out."""
+    for item in items:
+        if "gloo_job" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.torch_job)
+
+
 @pytest.fixture(scope="session")
 def gloo_job(tmp_path_factory: pytest.TempPathFactory):
     """Run a real gloo scenario once per session; return the folder of its dumps."""

@@ -21,7 +21,7 @@ Faults, and what a right verdict says:
 - ``kernel_hang``: a compute kernel of one rank never finishes: with timing on, that rank, whose next
   kernel never started (not_started); without, a hang nobody can be blamed for (stuck, or undecided).
 - ``gpu_hang``: one collective never completes on any member: stuck, nobody to blame.
-- ``late``: a rank enqueues one group's collectives late: healthy, that rank a straggler.
+- ``late``: a rank enqueues one group's collectives late: slow, that rank a straggler.
 - ``healthy``: healthy, and no finding but stragglers (none expected).
 """
 
@@ -40,6 +40,8 @@ from fr2perfetto.convert import Analysis, analyse
 from fr2perfetto.job import build_job
 from fr2perfetto.model import Finding, RankDump
 from fr2perfetto.reader import normalise
+
+from .agreement import disagreements
 
 FAULTS = ("healthy", "stop", "lost_dump", "skip", "size", "dtype", "op", "kernel_hang", "gpu_hang", "late")
 MISMATCH_FAULTS = {"size": "size_mismatch", "dtype": "dtype_mismatch", "op": "type_mismatch"}
@@ -279,6 +281,9 @@ def judge(scenario: Scenario, analysis: Analysis) -> tuple[str, str]:
     verdict = analysis.diagnosis.verdict
     kinds = [f.kind for f in analysis.diagnosis.findings]
     said = f"{verdict.status} culprits={list(verdict.culprit_ranks)} kinds={kinds}: {verdict.summary}"
+    contradictions = disagreements(analysis.diagnosis)
+    if contradictions:  # right or not, words that contradict each other mislead
+        return WRONG, f"{said}\n  its words disagree: {'; '.join(contradictions)}"
     fault, culprit = scenario.fault, scenario.culprit
     top = _top_finding(analysis)
     top_kind = top.kind if top is not None else None
@@ -290,7 +295,7 @@ def judge(scenario: Scenario, analysis: Analysis) -> tuple[str, str]:
     if fault == "healthy":
         return outcome(verdict.status == "healthy" and not kinds)
     if fault == "late":
-        return outcome(verdict.status == "healthy" and set(kinds) == {"straggler"} and first)
+        return outcome(verdict.status == "slow" and set(kinds) == {"straggler"} and first)
     if fault == "gpu_hang":
         return outcome(verdict.status == "hang" and top_kind == "stuck" and not verdict.culprit_ranks)
     if fault == "kernel_hang":

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from fr2perfetto.convert import analyse
+from fr2perfetto.job import load_job
 from fr2perfetto.report import parse_report_json
 from fr2perfetto.streams import LAUNCH_FLOW_BASE
 from fr2perfetto.timeline import FINDING_FLOW_BASE
 
-from .conftest import run_cli
+from .agreement import disagreements
+from .conftest import ROOT, run_cli
 from .tracecheck import read_trace
 
 # scenario -> (status, culprit ranks, finding kinds, words the summary must contain)
@@ -33,7 +36,7 @@ NCCL = {
     "demo": ("hang", [5], ["missing"], "rank 5 never issued all_reduce #4 of tp"),
     "stuck": ("hang", [], ["stuck"], "stuck on every rank"),
     "send_without_recv": ("hang", [1], ["p2p"], "send 0->1 #2 has no matching recv on rank 1"),
-    "straggler": ("healthy", [6], ["straggler"], "rank 6 enqueues late in default_pg: 40.0 ms median"),
+    "straggler": ("slow", [6], ["straggler"], "rank 6 enqueues late in default_pg: 40.0 ms median"),
     "missing_dump": ("hang", [3], ["no_dump"], "rank 3 left no dump and ranks 0-2 wait for it"),
     "wrap": ("hang", [1], ["missing"], "rank 1 never issued all_reduce #21"),
     "mixed_formats": ("mismatch", [2], ["size_mismatch"], "sizes differ in all_reduce #4"),
@@ -44,7 +47,7 @@ NCCL = {
 def analyze_json(folder: Path) -> tuple[int, dict]:
     code, stdout, _stderr = run_cli("analyze", str(folder), "--json")
     report = parse_report_json(stdout)  # validates against the schema in proto/
-    assert report.schema_version == "2"
+    assert report.schema_version == "3"
     return code, json.loads(stdout)
 
 
@@ -184,3 +187,18 @@ def test_committed_report_module_is_up_to_date(tmp_path: Path):
     for name in ("fr2perfetto_report_pb2.py", "fr2perfetto_report_pb2.pyi"):
         committed = (root / "fr2perfetto" / "proto" / name).read_text()
         assert (tmp_path / name).read_text() == committed, f"{name} is stale: run make proto"
+
+
+ALL_SAMPLES = sorted(p for p in (ROOT / "samples").glob("*/*") if p.is_dir())
+
+
+@pytest.mark.parametrize("sample", ALL_SAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_words_around_every_samples_verdict_agree(sample: Path):
+    diagnosis = analyse(load_job([str(sample)])).diagnosis
+    assert disagreements(diagnosis) == []
+
+
+def test_a_straggler_alone_is_slow_never_healthy():
+    code, stdout, _ = run_cli("analyze", str(ROOT / "samples" / "nccl" / "straggler"))
+    assert code == 1 and "HEALTHY" not in stdout and " SLOW " in stdout and "culprit rank 6" in stdout
+    assert "Root cause: slow rank" in stdout

@@ -17,6 +17,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT, nccl_layout, run_cli, start_rank, stop_ranks
 from .tracecheck import read_trace
 
@@ -60,7 +62,7 @@ def test_sub_folders_and_archives_read_as_the_flat_folder(tmp_path: Path):
         shapes.append(_shape(out))
     assert all(shape == shapes[0] for shape in shapes)
     _, _, stderr = run_cli("analyze", str(nodes))
-    assert "1 files skipped (1 not a dump by its name)" in stderr
+    assert "1 file skipped (not a dump by its name: README.md)" in stderr
 
 
 def test_archives_that_would_escape_or_explode_are_refused_in_one_line(tmp_path: Path):
@@ -206,6 +208,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.torch_job
 def test_the_debug_servers_folder_of_a_real_job_names_where_the_sleeper_is(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(JOB_WITH_DEBUG_SERVER)
@@ -263,6 +266,7 @@ for step in range(4):
 """
 
 
+@pytest.mark.torch_job
 def test_a_real_job_launched_by_torchrun_with_its_logs(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(RAISING_JOB)

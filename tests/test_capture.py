@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT, run_cli, start_rank, stop_ranks
+
+pytestmark = pytest.mark.torch_job  # every test here runs a real gloo job
 
 HANG_GUARD = 300  # seconds: what a dump takes is far less, even on a loaded machine
 
@@ -127,3 +131,32 @@ def test_trigger_never_blocks_on_a_full_pipe_and_goes_on(tmp_path: Path):
             os.close(fd)
     assert code == 0 and "Asked 1 rank " in stdout and received == b"1\n"
     assert f"{full}: not written (its buffer is full" in stderr and "Traceback" not in stderr
+
+
+SLEEPER_SCRIPT = BLOCKED_SCRIPT.replace("dist.get_rank() == 3", "dist.get_rank() == 2")
+
+
+def test_one_documented_command_dumps_every_blocked_gloo_rank_and_analyze_names_the_sleeper(tmp_path: Path):
+    """The README's way: a job run with the capture helper; ``fr2perfetto trigger DIR`` while it hangs."""
+    script = tmp_path / "train.py"
+    script.write_text(SLEEPER_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 4)
+    try:
+        for process in ranks:
+            assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        time.sleep(2)  # ranks 0, 1 and 3 are in the second all_reduce; rank 2 sleeps in its own code
+        code, stdout, stderr = run_cli("trigger", str(dumps), "--rounds", "3", "--every", "1")
+        assert code == 0, stderr
+        assert "Asked 4 ranks" in stdout
+        names = [f"gloo_trace_rank_{rank}" for rank in range(4)]
+        deadline = time.monotonic() + HANG_GUARD
+        while not all((dumps / n).exists() for n in names) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(p.poll() is None for p in ranks)  # dumped while blocked: nothing ended
+    finally:
+        stop_ranks(ranks)
+    code, stdout, _ = run_cli("analyze", str(dumps), "--json")
+    report = json.loads(stdout)
+    assert code == 1 and report["verdict"]["culprit_ranks"][:1] == [2], report["verdict"]
+    assert "rank 2" in report["verdict"]["summary"]

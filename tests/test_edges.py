@@ -542,6 +542,7 @@ def _start_ranks(script: Path, folder: Path, world: int) -> list[subprocess.Pope
     return ranks
 
 
+@pytest.mark.torch_job
 def test_a_failing_rank_wakes_only_its_own_runs_ranks_and_writes_through_no_link(tmp_path: Path):
     folder = tmp_path / "dumps"
     folder.mkdir(mode=0o700)

@@ -46,6 +46,7 @@ def _analyze(*args: str) -> tuple[int, dict]:
     return code, json.loads(stdout)
 
 
+@pytest.mark.torch_job
 def test_a_stopped_pipeline_stage_is_named_from_its_stack_snapshots(pipeline, tmp_path: Path):
     folder = pipeline("pipeline_stopped")
     code, report = _analyze(str(folder))
@@ -73,6 +74,7 @@ def test_a_stopped_pipeline_stage_is_named_from_its_stack_snapshots(pipeline, tm
     assert finding_flow and trace.flows[finding_flow[0]] == 2  # from the finding to the culprit's snapshot
 
 
+@pytest.mark.torch_job
 def test_the_same_pipeline_healthy_is_healthy(pipeline):
     code, report = _analyze(str(pipeline("pipeline_healthy")))
     assert code == 0 and report["verdict"]["status"] == "healthy" and not report.get("findings")
@@ -80,6 +82,7 @@ def test_the_same_pipeline_healthy_is_healthy(pipeline):
     assert any("gloo's Flight Recorder records collectives only" in e for e in report["verdict"]["evidence"])
 
 
+@pytest.mark.torch_job
 def test_the_stopped_pipeline_without_snapshots_says_what_the_dumps_cannot_show(pipeline, tmp_path: Path):
     for dump in pipeline("pipeline_stopped").glob("gloo_trace_rank_?"):
         shutil.copy(dump, tmp_path / dump.name)

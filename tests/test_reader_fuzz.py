@@ -157,6 +157,7 @@ HOSTILE_VALUES = st.one_of(
     which=st.sampled_from([0, 2]),
     edits=st.lists(st.tuples(st.integers(0, 10**6), HOSTILE_VALUES), min_size=1, max_size=4),
 )
+@pytest.mark.slow
 def test_hostile_shapes(which: int, edits: list[tuple[int, Any]]):
     """Deep nesting, shared-tuple bombs, lone surrogates, ranks and numbers out of range, anywhere in a
     real pickle (pg_status keys included): the shape check refuses the first two in C and in Python

@@ -123,7 +123,7 @@ def test_the_op_that_holds_a_stream_is_one_slice_with_the_queued_behind_it(sampl
     queued = [n for items in trace.markers().values() for _, n in items if n.startswith(QUEUED)]
     assert sample != "pipeline_stage_stopped" or queued  # ops behind the holders: queued, not drawn as run
     # the deep link frames the verdict's op
-    code, link, _ = run_cli("open", str(out), "--link-only")
+    code, link, _ = run_cli("open", str(out), "--url", "https://example.org/t.pftrace")
     arguments = urllib.parse.parse_qs(link.strip().split("#!/?", 1)[1])
     window = int(arguments["visStart"][0]), int(arguments["visEnd"][0])
     assert code == 0 and any(window[0] <= start <= window[1] for _, (start, _, _, _) in holders)
@@ -147,7 +147,7 @@ def test_a_stragglers_lateness_counter_stands_above_every_other_rank(tmp_path: P
     others = [m for rank, m in medians.items() if rank != f"rank {late}"]
     assert others and medians[f"rank {late}"] > 0 and all(medians[f"rank {late}"] >= 5 * m for m in others), medians
     # the deep link brings that counter up: it pins it
-    _, link, _ = run_cli("open", str(out), "--link-only")
+    _, link, _ = run_cli("open", str(out), "--url", "https://example.org/t.pftrace")
     commands = json.loads(urllib.parse.parse_qs(link.strip().split("#!/?", 1)[1])["startupCommands"][0])
     (pin,) = [c["args"][0] for c in commands if c["id"] == "dev.perfetto.PinTracksByRegex"]
     pinned = [n for n, _ in trace.tracks.values() if re.fullmatch(pin, n)]

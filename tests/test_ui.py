@@ -83,15 +83,15 @@ def _link_parts(link: str) -> dict[str, str]:
     return dict(urllib.parse.parse_qsl(link.split("#!/?", 1)[1], keep_blank_values=True))
 
 
-def test_open_link_only_frames_the_first_finding_on_demo(tmp_path: Path):
+def test_open_url_links_to_the_trace_there_framing_the_first_finding_on_demo(tmp_path: Path):
     trace_path = tmp_path / "demo.pftrace"
     code, _, stderr = run_cli("convert", str(DEMO), "-o", str(trace_path), "-q")
     assert code == 0, stderr
-    code, stdout, stderr = run_cli("open", str(trace_path), "--link-only")
+    code, stdout, stderr = run_cli("open", str(trace_path), "--url", "https://example.org/t.pftrace")
     assert code == 0, stderr
     [link] = [line for line in stdout.splitlines() if line.startswith("https://")]
     args = _link_parts(link)
-    assert args["url"].startswith("http://127.0.0.1:9001/") and args["url"].endswith("/demo.pftrace")
+    assert args["url"] == "https://example.org/t.pftrace"
     start, end = int(args["visStart"]), int(args["visEnd"])
     trace = read_trace(str(trace_path))
 
@@ -132,16 +132,16 @@ def test_open_link_only_frames_the_first_finding_on_demo(tmp_path: Path):
         assert matched == {"Findings", f"rank 5 · CULPRIT {PID_BASE + 5}"}
 
 
-def test_open_link_only_on_a_healthy_trace_has_no_focus(tmp_path: Path):
+def test_open_url_on_a_healthy_trace_has_no_focus(tmp_path: Path):
     trace_path = tmp_path / "healthy.pftrace"
     assert run_cli("convert", str(ROOT / "samples" / "gloo" / "healthy"), "-o", str(trace_path), "-q")[0] == 0
-    code, stdout, _ = run_cli("open", str(trace_path), "--link-only")
+    code, stdout, _ = run_cli("open", str(trace_path), "--url", "https://example.org/t.pftrace")
     args = _link_parts(stdout.strip())
     assert code == 0 and "visStart" not in args and "startupCommands" not in args
 
 
 @pytest.mark.parametrize("damage", ["corrupt packet", "focus of the wrong shape"])
-def test_open_link_only_on_a_damaged_trace_opens_it_unframed(tmp_path: Path, damage: str):
+def test_open_url_on_a_damaged_trace_opens_it_unframed(tmp_path: Path, damage: str):
     from fr2perfetto.focus import METADATA_NAME, metadata_packet
 
     if damage == "corrupt packet":  # a packet whose length runs past what it holds
@@ -152,10 +152,10 @@ def test_open_link_only_on_a_damaged_trace_opens_it_unframed(tmp_path: Path, dam
         data = b"\x0a" + bytes([len(packet)]) + packet
     trace_path = tmp_path / "damaged.pftrace"
     trace_path.write_bytes(data)
-    code, stdout, stderr = run_cli("open", str(trace_path), "--link-only")
+    code, stdout, stderr = run_cli("open", str(trace_path), "--url", "https://example.org/t.pftrace")
     args = _link_parts(stdout.strip())
     assert code == 0 and "Traceback" not in stderr
-    assert args["url"].endswith("/damaged.pftrace") and "visStart" not in args and "startupCommands" not in args
+    assert args["url"] == "https://example.org/t.pftrace" and "visStart" not in args and "startupCommands" not in args
 
 
 def test_open_over_ssh_prints_the_port_forwarding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -196,12 +196,20 @@ def test_markdown_report_renders_with_its_culprit_table(sample: Path, monkeypatc
     if culprits:
         assert "<table>" in html
         header = re.search(r"<thead>(.*?)</thead>", html, re.S).group(1)
-        assert re.findall(r"<th[^>]*>(.*?)</th>", header) == ["rank", "host", "group", "op", "seq", "state", "why"]
+        # no host column: no sample names its hosts (a column that would be empty is left out)
+        assert re.findall(r"<th[^>]*>(.*?)</th>", header) == ["rank", "group", "op", "state", "why"]
         body = re.search(r"<tbody>(.*?)</tbody>", html, re.S).group(1)
         rows = re.findall(r"<tr>\s*<td[^>]*>(\d+)</td>", body)
         assert [int(r) for r in rows] == list(culprits)[:32]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", body, re.S)
+        assert all(cell.strip() for cell in cells), "an empty cell"
     else:
         assert "<table>" not in html
+    # GitHub links #4 to issue 4 and @name to a person in any text outside code: none may be left there
+    gfm = MarkdownIt("gfm-like").render(text)
+    outside_code = re.sub(r"<(code|pre)>.*?</\1>", "", gfm, flags=re.S)
+    assert not re.search(r"(?<![\w&])#\d+", outside_code), re.findall(r".{30}(?<![\w&])#\d+.{10}", outside_code)
+    assert not re.search(r"(?<![\w/])@[A-Za-z]", outside_code)
     assert "fr2perfetto analyze samples/" in text and "--format markdown" in text
 
 

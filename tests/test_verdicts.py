@@ -21,6 +21,7 @@ def judged() -> list[tuple[programs.Scenario, str, str]]:
     return [programs.run(seed) for seed in SEEDS]
 
 
+@pytest.mark.slow
 def test_no_verdict_is_wrong(judged):
     wrong = [
         f"{scenario.describe()}\n  said: {said}" for scenario, outcome, said in judged if outcome == programs.WRONG
@@ -28,6 +29,7 @@ def test_no_verdict_is_wrong(judged):
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_healthy_programs_are_healthy_and_faults_are_named(judged):
     outcomes: dict[str, Counter[str]] = {}
     for scenario, outcome, _ in judged:
@@ -38,6 +40,7 @@ def test_healthy_programs_are_healthy_and_faults_are_named(judged):
     assert outcomes["skip"][programs.RIGHT] >= 0.7 * sum(outcomes["skip"].values())
 
 
+@pytest.mark.slow
 def test_the_programs_cover_what_large_jobs_do(judged):
     scenarios = [scenario for scenario, _, _ in judged]
     assert len(scenarios) >= 500

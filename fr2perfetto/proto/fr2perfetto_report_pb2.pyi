@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Report(_message.Message):
-    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems", "stacks", "log_events")
+    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems", "stacks", "log_events", "next_steps")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Report(_message.Message):
     INPUT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
     LOG_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEPS_FIELD_NUMBER: _ClassVar[int]
     schema_version: str
     tool_version: str
     verdict: Verdict
@@ -24,7 +25,8 @@ class Report(_message.Message):
     input_problems: _containers.RepeatedCompositeFieldContainer[InputProblem]
     stacks: _containers.RepeatedCompositeFieldContainer[RankStack]
     log_events: _containers.RepeatedCompositeFieldContainer[LogEvent]
-    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., log_events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ...) -> None: ...
+    next_steps: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., log_events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., next_steps: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RankStack(_message.Message):
     __slots__ = ("rank", "time_ns", "source", "thread", "where", "in_collective", "frames")
@@ -102,7 +104,7 @@ class Frame(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("kind", "group", "seq", "op", "ranks", "culprit_ranks", "evidence", "culprit_frames", "summary", "time_ns")
+    __slots__ = ("kind", "group", "seq", "op", "ranks", "culprit_ranks", "evidence", "culprit_frames", "summary", "time_ns", "stacks", "lag_ns")
     KIND_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +115,8 @@ class Finding(_message.Message):
     CULPRIT_FRAMES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    LAG_NS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     group: Group
     seq: int
@@ -123,7 +127,17 @@ class Finding(_message.Message):
     culprit_frames: _containers.RepeatedCompositeFieldContainer[Frame]
     summary: str
     time_ns: int
-    def __init__(self, kind: _Optional[str] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., culprit_ranks: _Optional[_Iterable[int]] = ..., evidence: _Optional[_Iterable[str]] = ..., culprit_frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., summary: _Optional[str] = ..., time_ns: _Optional[int] = ...) -> None: ...
+    stacks: _containers.RepeatedCompositeFieldContainer[CulpritStack]
+    lag_ns: int
+    def __init__(self, kind: _Optional[str] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., culprit_ranks: _Optional[_Iterable[int]] = ..., evidence: _Optional[_Iterable[str]] = ..., culprit_frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., summary: _Optional[str] = ..., time_ns: _Optional[int] = ..., stacks: _Optional[_Iterable[_Union[CulpritStack, _Mapping]]] = ..., lag_ns: _Optional[int] = ...) -> None: ...
+
+class CulpritStack(_message.Message):
+    __slots__ = ("ranks", "frames")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ..., frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("ranks", "ranks_with_dump", "missing_ranks", "groups", "ops", "dump_versions", "has_timing")

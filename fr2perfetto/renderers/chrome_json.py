@@ -90,6 +90,9 @@ class ChromeJsonWriter:
                              or "value": value}})  # fmt: skip
             return
         self.slices(track.uuid, track.slices)
+        if track.enqueues:
+            self.stats.markers -= len(track.slices)
+            self.stats.enqueues += len(track.slices)
 
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Slices as complete events in whole microseconds: a start rounded up, an end rounded down, so

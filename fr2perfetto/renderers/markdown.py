@@ -7,13 +7,16 @@ from __future__ import annotations
 import html
 
 from .. import __version__
-from ..diagnose import Diagnosis
+from ..diagnose import KIND_STRAGGLER, Diagnosis
 from ..job import Job
-from ..model import Finding, MatchedOp, ranks_label, state_entry
+from ..model import Finding, Frame, MatchedOp, ranks_label, state_entry
 from ..text import code_block, markdown_text, shown
+from ..words import count, ranks_text
 
 MAX_FINDINGS = 20
 MAX_FRAMES = 12
+MAX_STACKS = 3  # distinct stacks per finding
+MAX_CULPRIT_ROWS = 32
 
 
 def _cell(text: object) -> str:
@@ -33,16 +36,11 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         "",
     ]
     if verdict.culprit_ranks:
-        lines += ["| rank | host | group | op | seq | state | why |", "| ---: | --- | --- | --- | ---: | --- | --- |"]
-        for rank in verdict.culprit_ranks[:32]:
-            finding = next((f for f in diagnosis.findings if rank in f.culprit_ranks), None)
-            lines.append(_culprit_row(job, ops, rank, finding))
-        lines.append("")
+        lines += [*_culprit_table(job, ops, diagnosis, verdict.culprit_ranks[:MAX_CULPRIT_ROWS]), ""]
     missing = job.missing_ranks
     lines.append(
-        f"{len(job.dumps)} dumps read, {len(job.ranks)} ranks, {len(job.groups)} groups, {len(ops)} ops"
-        + (f"; no dump from ranks {ranks_label(missing)}" if missing else "")
-        + "."
+        f"{count(len(job.dumps), 'dump')} read, {count(len(job.ranks), 'rank')}, {count(len(job.groups), 'group')}, "
+        f"{count(len(ops), 'op')}" + (f"; no dump from {ranks_text(missing)}" if missing else "") + "."
     )
     if diagnosis.notes:
         lines += ["", "From the logs:", ""] + [f"- {markdown_text(note)}" for note in diagnosis.notes]
@@ -50,40 +48,67 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         lines += ["", "What these dumps cannot show:", ""] + [f"- {markdown_text(line)}" for line in diagnosis.caveats]
     if diagnosis.findings:
         lines += ["", "### Findings", ""]
+    shown_stacks: dict[tuple[tuple[int, ...], tuple[Frame, ...]], int] = {}
     for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS], start=1):
         culprits = f" (culprit {ranks_label(finding.culprit_ranks)})" if finding.culprit_ranks else ""
         lines.append(f"{number}. **{markdown_text(finding.kind)}**{culprits}: {markdown_text(finding.summary)}")
         lines += [f"   - {markdown_text(line)}" for line in finding.evidence]
-        if finding.culprit_frames:
-            rank = finding.culprit_ranks[0]
-            frames = [f"{f.name} ({f.filename}:{f.line})" for f in finding.culprit_frames[:MAX_FRAMES]]
+        for ranks, frames in finding.stacks[:MAX_STACKS]:
+            earlier = shown_stacks.get((ranks, frames))
+            if earlier is not None:  # the same ranks' same stack: said once
+                lines.append(f"   - stack of {ranks_text(ranks)}: as in finding {earlier}")
+                continue
+            shown_stacks[(ranks, frames)] = number
+            listed = [f"{f.name} ({f.filename}:{f.line})" for f in frames[:MAX_FRAMES]]
             lines += [
                 "",
-                f"   <details><summary>stack of rank {rank} (innermost first)</summary>",
+                f"   <details><summary>stack of {ranks_text(ranks)} (innermost first)</summary>",
                 "",
-                *code_block(frames, indent="   "),
+                *code_block(listed, indent="   "),
                 "",
                 "   </details>",
                 "",
             ]
     hidden = len(diagnosis.findings) - MAX_FINDINGS
     if hidden > 0:
-        lines.append(f"… and {hidden} more findings (`--format json` has them all).")
+        lines.append(f"… and {count(hidden, 'more finding')} (`--format json` has them all).")
+    if diagnosis.next_steps:
+        lines += ["", "### Next", ""] + [f"- {markdown_text(step)}" for step in diagnosis.next_steps]
     lines += ["", f"<sub>fr2perfetto {__version__} · <code>{html.escape(shown(command))}</code></sub>", ""]
     return "\n".join(lines)
 
 
-def _culprit_row(job: Job, ops: list[MatchedOp], rank: int, finding: Finding | None) -> str:
-    dump = job.dumps.get(rank)
-    host = (dump.host or "") if dump else ""
+def _culprit_table(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, ranks: tuple[int, ...]) -> list[str]:
+    """A row per culprit: rank, host (where any source names one), group, op, its state there, why."""
+    by_key = {op.op_key: op for op in ops}
+    with_hosts = any(job.host_of(rank) for rank in ranks)
+    head = ["rank", *(["host"] if with_hosts else []), "group", "op", "state", "why"]
+    rows = ["| " + " | ".join(head) + " |", "| ---: |" + " --- |" * (len(head) - 1)]
+    for rank in ranks:
+        finding = next((f for f in diagnosis.findings if rank in f.culprit_ranks), None)
+        host = [_cell(job.host_of(rank) or "unknown")] if with_hosts else []
+        cells = [str(rank), *host, *_culprit_cells(job, by_key, rank, finding)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _culprit_cells(job: Job, by_key: dict[int, MatchedOp], rank: int, finding: Finding | None) -> list[str]:
+    """The group, op, state and why of a culprit's row."""
     if finding is None:
-        return f"| {rank} | {_cell(host)} | | | | | |"
-    group = f"{finding.group.desc or 'pg ' + finding.group.name} (pg {finding.group.name})" if finding.group else ""
-    state = "no dump" if dump is None else ""
-    if dump is not None and finding.op_keys:
-        op = next((o for o in ops if o.op_key == finding.op_keys[0]), None)
-        if op is not None:
-            entries = op.entries.get(rank)
-            state = state_entry(entries).state if entries else "never issued"
-    cells = [str(rank), _cell(host), _cell(group), _cell(finding.op), str(finding.seq), _cell(state)]
-    return "| " + " | ".join([*cells, _cell(finding.summary)]) + " |"
+        return ["-", "-", "-", "-"]
+    group = f"{finding.group.desc or 'pg ' + finding.group.name} (pg {finding.group.name})" if finding.group else "-"
+    why = _cell(finding.summary)
+    if finding.kind == KIND_STRAGGLER:
+        return [_cell(group), "its collectives", _cell(f"late by {finding.lag_ns / 1e6:.1f} ms (median)"), why]
+    dump = job.dumps.get(rank)
+    state = "no dump" if dump is None else "-"
+    op = by_key.get(finding.op_keys[0]) if finding.op_keys else None
+    if dump is not None and op is not None:
+        entries = op.entries.get(rank)
+        state = state_entry(entries).state if entries else "never issued"
+    name = f"{finding.op} #{finding.seq}" if finding.op else "-"
+    if op is not None:
+        name = op.title
+        if op.kind == "p2p" and op.peers and rank in op.peers:  # the culprit's own side of the transfer
+            name = op.title_as("send" if rank == op.peers[0] else "recv")
+    return [_cell(group), _cell(name), _cell(state), why]

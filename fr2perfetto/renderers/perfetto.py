@@ -112,7 +112,8 @@ class TraceStats:
     processes: int = 0
     tracks: int = 0
     slices: int = 0
-    markers: int = 0
+    markers: int = 0  # instants that mark a problem, a snapshot, a log line
+    enqueues: int = 0  # instants on the threads' tracks
     flow_ids: set[int] = field(default_factory=set)  # the flows of looks (ops, findings)
     launches: int = 0  # each from a rank's enqueue of an op to where it ran (a slice's own flows)
 
@@ -126,6 +127,7 @@ class TraceStats:
         self.tracks += other.tracks
         self.slices += other.slices
         self.markers += other.markers
+        self.enqueues += other.enqueues
         self.flow_ids |= other.flow_ids
         self.launches += other.launches
 
@@ -347,6 +349,9 @@ class PerfettoWriter:
             self._nested(track.uuid, track.slices)
         elif track.slices:
             self.slices(track.uuid, track.slices)
+        if track.enqueues:
+            self.stats.markers -= len(track.slices)
+            self.stats.enqueues += len(track.slices)
 
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Write disjoint slices (and instants outside them) of one track, in time order."""

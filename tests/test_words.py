@@ -1,0 +1,197 @@
+"""Said plainly: the words around a verdict, the next step, the edges of the command line, the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, run_cli
+
+SAMPLES = ROOT / "samples"
+SKIP = SAMPLES / "gloo" / "skip"
+
+
+def _report(*args: str) -> dict:
+    code, stdout, stderr = run_cli("analyze", *args, "--json")
+    assert code in (0, 1), stderr
+    return json.loads(stdout)
+
+
+def test_the_stack_shown_is_where_the_culprit_issued_the_op_the_finding_is_about():
+    # rank 3 issued a broadcast where the others issued all_reduce #2; its last op is an all_reduce
+    finding = _report(str(SAMPLES / "gloo" / "order_swap"))["findings"][0]
+    assert finding["kind"] == "type_mismatch" and finding["culprit_ranks"] == [3]
+    assert finding["stacks"][0]["ranks"] == [3] and finding["stacks"][0]["frames"][0]["name"] == "broadcast"
+    assert finding["culprit_frames"][0]["name"] == "broadcast"
+
+
+def test_a_stack_is_printed_once_and_named_after_that():
+    code, stdout, _ = run_cli("analyze", str(SAMPLES / "nccl" / "pipeline_stage_stopped"))
+    assert code == 1
+    assert stdout.count("stack of rank 8 (innermost first):") == 1
+    assert "stack of rank 8: as in finding 1" in stdout
+
+
+def test_a_gloo_ranks_last_op_never_reads_as_stuck_there():
+    code, stdout, _ = run_cli("analyze", str(SKIP))
+    said = " ".join(stdout.split())
+    assert code == 1
+    assert "rank 2's last op recorded: all_reduce #4 of tp (pg 2), state unknown: gloo records no completion" in said
+    assert ", scheduled" not in said
+
+
+def test_the_root_cause_of_a_send_without_its_recv_is_said_as_such():
+    verdict = _report(str(SAMPLES / "nccl" / "pipeline_stage_stopped"))["verdict"]
+    assert verdict["category"].startswith("a send or recv was never matched")
+    assert _report(str(SAMPLES / "gloo" / "order_swap"))["verdict"]["category"].startswith(
+        "ranks issued different collectives at the same point"
+    )
+
+
+def test_every_verdict_ends_with_its_next_step(tmp_path: Path):
+    _, stdout, _ = run_cli("analyze", str(SKIP))
+    next_part = " ".join(stdout.split("\nNext:\n", 1)[1].split())
+    assert "py-spy dump --pid <its pid> > pyspy_rank_2.txt" in next_part
+    assert f"fr2perfetto convert {SKIP} -o hang.pftrace --open" in next_part
+    # where the capture helper's rank file says where rank 2 runs, the command is exact
+    folder = tmp_path / "dumps"
+    shutil.copytree(SKIP, folder)
+    rank_file = {"rank": 2, "host": "node7", "pid": 4242, "start": 1, "run": "r", "signal": 10}
+    (folder / "fr_pid_rank_2").write_text(json.dumps(rank_file))
+    report = _report(str(folder))
+    assert report["next_steps"][0].startswith("See where rank 2 is now, on node7: py-spy dump --pid 4242 >")
+    slow = _report(str(SAMPLES / "nccl" / "straggler"))["next_steps"]
+    assert "'enqueue lateness · default_pg (pg 0) · rank 6'" in slow[1]
+    assert _report(str(SAMPLES / "gloo" / "healthy"))["next_steps"][0].startswith("Nothing in these dumps is wrong")
+
+
+def test_how_a_rank_ended_is_read_and_an_exception_names_it(tmp_path: Path):
+    folder = tmp_path / "dumps"
+    shutil.copytree(SAMPLES / "gloo" / "healthy", folder)
+    (folder / "gloo_trace_rank_1.ended").write_text("exception: ValueError: loss is NaN on rank 1\n")
+    (folder / "gloo_trace_rank_0.ended").write_text("running\n")
+    report = _report(str(folder))
+    assert [(e["rank"], e["kind"], e["line"]) for e in report["log_events"]] == [
+        (1, "exception", "ValueError: loss is NaN on rank 1")
+    ]
+    assert report["verdict"]["status"] != "healthy" and report["verdict"]["culprit_ranks"][:1] == [1]
+    code, stdout, _ = run_cli("info", str(folder))
+    assert code == 0 and "ended" in stdout and "exception:" in stdout and "running" in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["analyze", str(SKIP), "--json", "--format", "markdown"], "--json and --format markdown ask for two formats"),
+        (["convert", str(SKIP), "-o", "{tmp}/noext"], "noext: the name says no format: end it with one of .pftrace"),
+        (["convert", str(SKIP), "-o", "{tmp}/t.txt"], "t.txt: the name says no format"),
+        (["open", str(SKIP / "gloo_trace_rank_0")], "a Flight Recorder dump, not a trace: convert it first"),
+        (["open", str(ROOT / "README.md")], "README.md: not a trace"),
+        (["open", "{tmp}/t.pftrace", "--url", "ftp://x"], "--url: 'ftp://x' is not an http(s) address"),
+        (["analyze", "{tmp}/nosuch"], "nosuch: no such file or directory"),
+        (["analyze", "{tmp}/empty"], "empty: an empty folder"),
+        (["analyze", "{tmp}/*.nope"], "the pattern matches no file"),
+        (["analyze", "{tmp}/unrelated"], "unrelated: no Flight Recorder dump among its 3 files (no rank in its name: "),
+    ],
+)
+def test_every_bad_choice_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str):
+    (tmp_path / "empty").mkdir()
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    for name in ("notes.md", "data.bin", "weights.ckpt"):
+        (unrelated / name).write_text("x")
+    shutil.copy(SKIP / "gloo_trace_rank_0", tmp_path / "t.pftrace")  # a dump under a trace's name
+    if "ftp://x" in args:
+        assert run_cli("convert", str(SKIP), "-o", str(tmp_path / "t.pftrace"), "-q")[0] == 0
+    code, _, stderr = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert code == 2 and said in stderr and stderr.count("\n") == 1, stderr
+    if "unrelated" in args[-1]:
+        assert "notes.md" in stderr and "dumps are named like nccl_trace_rank_0" in stderr
+
+
+def test_a_size_limit_not_met_is_said_and_ranks_chosen_are_not_called_folded(tmp_path: Path):
+    out = str(tmp_path / "t.pftrace")
+    code, stdout, stderr = run_cli("convert", str(SAMPLES / "nccl" / "pipeline_1f1b"), "-o", out, "--max-size", "0.01")
+    assert code == 0 and re.search(r"over --max-size 0\.01 MB by [\d.]+ KB", stderr)
+    code, stdout, _ = run_cli("convert", str(SAMPLES / "nccl" / "pipeline_1f1b"), "-o", out, "--ranks", "0-3")
+    assert code == 0 and "Shown: only ranks 0-3 (--ranks)." in stdout and "Folded" not in stdout
+
+
+def test_one_ranks_dump_alone_is_not_every_op_matched_on_every_rank(tmp_path: Path):
+    shutil.copy(SKIP / "gloo_trace_rank_0", tmp_path / "gloo_trace_rank_0")
+    verdict = _report(str(tmp_path))["verdict"]
+    assert "every op matched" not in verdict["summary"]
+    assert verdict["summary"].startswith("healthy: only rank 0's dump was read")
+
+
+def test_counts_are_said_in_good_english():
+    _, stdout, _ = run_cli("analyze", str(SAMPLES / "nccl" / "straggler"))
+    assert "8 dumps read, 8 ranks, 1 group, 30 ops" in stdout
+    assert "1 groups" not in stdout and "(median)," not in stdout
+
+
+def _command(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+    """The command as a person runs it, in a terminal of ``columns`` without colour."""
+    environment = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "fr2perfetto", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=environment, timeout=120)  # fmt: skip
+
+
+def test_help_names_values_not_python_types_at_80_columns():
+    for command in ("convert", "analyze", "open", "info", "trigger"):
+        text = _command(command, "--help").stdout
+        assert not re.search(r"<(bool|str|list\[str\]|int range|float|path)>", text), (command, text)
+        usage = next(line for line in text.splitlines() if "Usage:" in line)
+        assert "{" not in usage and "<" not in usage, usage
+        assert all(len(line) <= 80 for line in text.splitlines())
+    convert = _command("convert", "--help").stdout
+    assert "fr2perfetto convert [OPTIONS] DUMPS..." in convert
+    jobs = convert[convert.index("--jobs") :].split("--quiet")[0]
+    assert "default: 0" not in jobs and "one per core" in " ".join(jobs.split())
+
+
+def test_wrapped_lines_keep_their_indent():
+    _, stdout, _ = run_cli("analyze", str(SAMPLES / "nccl" / "straggler"))
+    lines = stdout.splitlines()
+    for number, line in enumerate(lines[:-1]):
+        if line.startswith("  • ") and lines[number + 1].strip() and not lines[number + 1].startswith(("  • ", "  ")):
+            pytest.fail(f"a bullet's wrapped line lost its indent: {lines[number + 1]!r}")
+    assert any(line.startswith("    ") and not line.startswith("     ") for line in lines)
+
+
+def test_redact_keeps_torchs_and_pythons_own_frames_readable():
+    frames = [f["filename"] for f in _report(str(SKIP), "--redact")["findings"][0]["stacks"][0]["frames"]]
+    assert "<site-packages>/torch/distributed/distributed_c10d.py" in frames
+    assert "<python>/multiprocessing/process.py" in frames
+    assert not any("gloo_jobs" in f or "/job/" in f for f in frames)
+
+
+def test_the_readmes_first_screen_says_what_to_run_and_shows_what_it_prints():
+    readme = (ROOT / "README.md").read_text()
+    first_screen = "\n".join(readme.splitlines()[:60])
+    block = first_screen.split("$ fr2perfetto analyze samples/gloo/skip\n", 1)[1].split("```", 1)[0]
+    result = _command("analyze", "samples/gloo/skip", columns=100)
+    assert result.returncode == 1 and block == result.stdout
+    install = readme.split("## Install", 1)[1].split("##", 1)[0]
+    assert "make install" in install and ". .venv/bin/activate" in install and "Python 3.10" in install
+    assert "pip install 'fr2perfetto" not in readme  # not on PyPI: nothing says it is
+
+
+def test_the_project_says_how_to_work_on_it():
+    make_help = subprocess.run(["make", "-s", "help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    targets = {line.split()[0] for line in make_help.stdout.splitlines() if line.strip()}
+    assert {"install", "test", "test-fast", "lint", "demo", "bench", "samples", "proto"} <= targets
+    assert (
+        "Apache License" in (ROOT / "LICENSE").read_text()
+        and 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
+    )
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "make test-fast" in contributing and "python -m pytest tests/test_analyze.py" in contributing
+    assert "dist/" in (ROOT / ".gitignore").read_text().split()
