@@ -5,7 +5,8 @@ under ``bench-data/``), then runs each stage as a whole process, in one run, and
 peak memory (proportional set size of the process and all its children, sampled every 100 ms, so
 that memory a forked writer shares with its parent counts once):
 
-- ``unpickle``: ``pickle.load`` of every file, nothing else (the floor);
+- ``unpickle``: ``pickle.load`` of every file, serially, the garbage collector off, nothing else (the
+  floor; ``x floor`` is each stage's ratio to it);
 - ``analyze``: ``fr2perfetto analyze DIR --json``;
 - ``convert``: ``fr2perfetto convert DIR -o trace.pftrace`` (folded by default beyond 256 MB);
 - ``pytorch``: ``python -m torch.distributed.flight_recorder.fr_trace DIR``, where it fits (by default
@@ -38,7 +39,12 @@ BIN = Path(sys.executable).parent
 # Memory is sampled this often: more often, the sampling itself takes a noticeable share of a 2-core
 # machine from the stage it measures (at every 20 ms: about a tenth of convert's time at 256 ranks).
 SAMPLE_SECONDS = 0.1
-UNPICKLE = "import pickle, glob, sys\nfor f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
+# The floor: Python's own unpickler building every dump's objects, in one process, with the cyclic garbage
+# collector off (fr2perfetto runs with it off too: with it on, the floor would measure the collector).
+UNPICKLE = (
+    "import gc, glob, pickle, sys\ngc.disable()\n"
+    "for f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
+)
 
 
 def _memory(pid: int, rss_pages: int, page: int) -> int:

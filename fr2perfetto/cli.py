@@ -23,22 +23,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, cleanup
-from .convert import STDOUT, analyse, refuse_output, refuse_to_open, write_trace
-from .diagnose import HEALTHY
-from .fold import choose_ranks, parse_ranks, plan_view
-from .gcpause import gc_paused
-from .job import Job, load_job
-from .model import ranks_label
-from .next_steps import next_steps
-from .renderers.markdown import render_markdown
-from .renderers.terminal import render_analysis
-from .report import build_report, report_json
+from . import __version__, api
+from .base import cleanup
+from .base.gcpause import gc_paused
+from .base.model import LoadProblem, ranks_label
+from .base.speedups import SPEEDUPS
+from .base.text import shown
+from .base.words import count
+from .convert import STDOUT, refuse_output, refuse_to_open
+from .layout.fold import choose_ranks, parse_ranks
+from .read.job import Job
+from .render.markdown import render_markdown
+from .render.report import build_report, report_json
+from .render.terminal import render_analysis
 from .serve import UI_PORT, link_to, serve_once
-from .speedups import SPEEDUPS
-from .text import shown
 from .trigger import signal_ranks, trigger_dumps
-from .words import count
 
 
 def _plain_help() -> None:
@@ -152,31 +151,38 @@ def _load(
     keep_names: bool = False,
     logs: list[str] | None = None,
 ) -> Job:
-    """Load the dumps, report each bad file in one line, and stop when nothing could be read."""
-    workers = jobs or (os.cpu_count() or 1)
-    limit = _megabytes(max_dump_mb, "--max-dump-size")
-    options = {"jobs": workers, "max_dump_bytes": limit, "redact": redact, "keep_names": keep_names, "logs": logs}
-    if quiet or not err.is_terminal:
-        job = load_job(inputs, **options)  # type: ignore[arg-type]
-    else:
-        with Progress(
-            TextColumn("reading dumps"), BarColumn(), MofNCompleteColumn(), console=err, transient=True
-        ) as bar:
-            task = bar.add_task("read", total=None)
-            job = load_job(
-                inputs,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-                **options,  # type: ignore[arg-type]
-            )
-    for problem in job.problems:
+    """Load the dumps (``api.load``), report each bad file in one line, and stop when nothing could be read."""
+    _megabytes(max_dump_mb, "--max-dump-size")
+    options = {"jobs": jobs or (os.cpu_count() or 1), "max_dump_mb": max_dump_mb, "redact": redact,
+               "keep_names": keep_names, "logs": logs}  # fmt: skip
+    try:
+        if quiet or not err.is_terminal:
+            job = api.load(inputs, **options)  # type: ignore[arg-type]
+        else:
+            with Progress(
+                TextColumn("reading dumps"), BarColumn(), MofNCompleteColumn(), console=err, transient=True
+            ) as bar:
+                task = bar.add_task("read", total=None)
+                job = api.load(
+                    inputs,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                    **options,  # type: ignore[arg-type]
+                )
+    except api.NoDumps as failed:
+        _say(failed.problems, quiet)
+        if not any(problem.fatal for problem in failed.problems):  # else each input's line said why already
+            _error("no dump could be read from " + ("the inputs" if redact else ", ".join(inputs)))
+        raise typer.Exit(EXIT_UNUSABLE) from None
+    _say(job.problems, quiet)
+    return job
+
+
+def _say(problems: list[LoadProblem], quiet: bool) -> None:
+    """Each input that could not be read (an error), or only in part (a warning, not with --quiet)."""
+    for problem in problems:
         if quiet and not problem.fatal:
             continue
         (_error if problem.fatal else _warning)(str(problem))
-    if not job.dumps:
-        if not any(problem.fatal for problem in job.problems):  # else each input's line said why already
-            _error("no dump could be read from " + ("the inputs" if redact else ", ".join(inputs)))
-        raise typer.Exit(EXIT_UNUSABLE)
-    return job
 
 
 def _chosen_ranks(ranges: list[tuple[int, int]] | None, job: Job) -> set[int] | None:
@@ -281,14 +287,14 @@ def convert(
         job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names, logs)
         chosen_ranks = _chosen_ranks(rank_ranges, job)
         chosen_groups = _chosen_groups(groups, job)
-        analysis = analyse(job)
-        _keep_until_exit(job, analysis)
-        view = plan_view(
-            job, analysis.ops, analysis.diagnosis.findings, max_bytes=max_bytes, full=full,
-            ranks=chosen_ranks, groups=chosen_groups, window=window,
-        )  # fmt: skip
+        report = api.analyze(job, inputs=["<dumps>"] if redact else inputs)
+        analysis = report._analysis
+        _keep_until_exit(job, report)
         try:
-            stats = write_trace(analysis, str(output), view, jobs=jobs or (os.cpu_count() or 1))
+            stats, view = api.write_trace(
+                job, str(output), report=report, full=full, ranks=chosen_ranks, groups=chosen_groups,
+                window=window, max_size_mb=max_size_mb, jobs=jobs or (os.cpu_count() or 1),
+            )  # fmt: skip
         except OSError as error:
             _error(f"{output}: cannot write the trace ({error.strerror or error})")
             raise typer.Exit(EXIT_UNUSABLE) from None
@@ -544,11 +550,12 @@ def analyze(
     plain = as_json or output_format == "markdown"
     with gc_paused():
         job = _load(inputs, jobs, quiet or plain, redact, max_dump_mb, keep_names, logs)
-        analysis = analyse(job)
-        _keep_until_exit(job, analysis)
+        given = ["<dumps>"] if redact else inputs
+        report = api.analyze(job, inputs=given)
+        _keep_until_exit(job, report)
+    analysis = report._analysis
+    assert analysis is not None
     diagnosis = analysis.diagnosis
-    given = ["<dumps>"] if redact else inputs
-    diagnosis.next_steps = next_steps(job, diagnosis, given)
     if output_format == "markdown":
         command = " ".join(["fr2perfetto analyze", *given, "--format markdown", *(["--redact"] if redact else [])])
         sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command))
@@ -558,8 +565,7 @@ def analyze(
         render_analysis(out, job, diagnosis, len(analysis.ops))
     else:
         out.print(shown(diagnosis.verdict.summary))
-    healthy = diagnosis.verdict.status == HEALTHY and not diagnosis.findings
-    raise typer.Exit(EXIT_OK if healthy else EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK if report.healthy else EXIT_FINDINGS)
 
 
 def _human_size(size: int) -> str:

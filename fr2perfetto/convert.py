@@ -19,23 +19,19 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import IO
 
-from .cleanup import partial_path
-from .diagnose import Diagnosis, diagnose
-from .files import expand_inputs
-from .focus import focus_of, metadata_packet
-from .fold import View, full_view
-from .gcpause import gc_paused
-from .job import Job
-from .looks import Highlights
-from .match import match_ops
-from .model import OK, Entry, Finding, MatchedOp
-from .output import atomic_output
-from .pools import process_pool
-from .renderers.chrome_json import ChromeJsonWriter
-from .renderers.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
-from .scene import TimeSpan, Track
-from .stragglers import group_offsets
-from .timeline import (
+from .base.cleanup import partial_path
+from .base.gcpause import gc_paused
+from .base.model import OK, Entry, Finding, MatchedOp
+from .base.output import atomic_output
+from .base.pools import process_pool
+from .base.words import lateness_track
+from .diagnose.stragglers import group_offsets
+from .diagnose.verdict import Diagnosis, diagnose
+from .layout.focus import focus_of, metadata_packet
+from .layout.fold import View, full_view
+from .layout.looks import Highlights
+from .layout.scene import TimeSpan, Track
+from .layout.timeline import (
     FINDINGS_UUID,
     drawn_counts,
     findings_tracks,
@@ -44,7 +40,11 @@ from .timeline import (
     rank_timelines,
     time_span,
 )
-from .words import lateness_track
+from .match.ops import match_ops
+from .read.files import expand_inputs
+from .read.job import Job
+from .render.chrome_json import ChromeJsonWriter
+from .render.perfetto import SEQUENCE_ID, PerfettoWriter, TraceStats
 
 
 @dataclass(slots=True)

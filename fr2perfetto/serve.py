@@ -25,7 +25,7 @@ import webbrowser
 from collections.abc import Callable
 from typing import Any
 
-from .focus import link_arguments, read_focus
+from .layout.focus import link_arguments, read_focus
 
 UI_ORIGIN = "https://ui.perfetto.dev"
 UI_PORT = 9001

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from fr2perfetto.streams import LAUNCH_FLOW_BASE
+from fr2perfetto.layout.streams import LAUNCH_FLOW_BASE
 
 WIDTH, ROW, LABEL = 1100, 16, 290
 

@@ -7,7 +7,7 @@ root cause the one its kind means, and its culprits lead the verdict's.
 
 from __future__ import annotations
 
-from fr2perfetto.diagnose import (
+from fr2perfetto.diagnose.verdict import (
     _WEIGHT,
     CATEGORY_CONTRADICTED,
     CATEGORY_CRASH,

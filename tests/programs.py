@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "samples"))
 
 import nccl_sim as sim
 
+from fr2perfetto.base.model import Finding, RankDump
 from fr2perfetto.convert import Analysis, analyse
-from fr2perfetto.job import build_job
-from fr2perfetto.model import Finding, RankDump
-from fr2perfetto.reader import normalise
+from fr2perfetto.read.job import build_job
+from fr2perfetto.read.reader import normalise
 
 from .agreement import disagreements
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from fr2perfetto.convert import analyse
-from fr2perfetto.job import load_job
-from fr2perfetto.report import parse_report_json
-from fr2perfetto.streams import LAUNCH_FLOW_BASE
-from fr2perfetto.timeline import FINDING_FLOW_BASE
+from fr2perfetto.layout.streams import LAUNCH_FLOW_BASE
+from fr2perfetto.layout.timeline import FINDING_FLOW_BASE
+from fr2perfetto.read.job import load_job
+from fr2perfetto.render.report import parse_report_json
 
 from .agreement import disagreements
 from .conftest import ROOT, run_cli
@@ -71,7 +71,7 @@ def test_real_gloo_scenarios(gloo_job, scenario: str):
 def test_real_data_ops_record_what_makes_them_look_unequal(gloo_job):
     # What the healthy verdict above must not be fooled by: non-roots record an empty side, and
     # the all_to_all_single sizes differ from rank to rank.
-    from fr2perfetto.job import load_job
+    from fr2perfetto.read.job import load_job
 
     job = load_job([str(gloo_job("data_ops"))])
     scatters = {r: d.entries[0] for r, d in job.dumps.items()}

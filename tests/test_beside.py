@@ -289,7 +289,7 @@ def test_a_real_job_launched_by_torchrun_with_its_logs(tmp_path: Path):
 
 
 def test_every_log_line_kind_is_recognised_and_nothing_else():
-    from fr2perfetto.logs import parse_log
+    from fr2perfetto.read.logs import parse_log
 
     # formats from ProcessGroupNCCL.cpp (HeartbeatMonitor), NCCLUtils.hpp (C10D_NCCL_CHECK) and NCCL's results
     text = """\

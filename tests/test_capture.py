@@ -68,7 +68,7 @@ def test_sigusr1_dumps_a_rank_blocked_in_a_collective_at_once(tmp_path: Path):
         assert (dumps / "gloo_trace_rank_0.ended").read_text() == "running\n"
     finally:
         stop_ranks(ranks)
-    from fr2perfetto.job import load_job
+    from fr2perfetto.read.job import load_job
 
     job = load_job([str(dumps)])  # the pid and .ended files beside the dump are not read as dumps
     assert not job.problems and list(job.dumps) == [0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fr2perfetto.job import load_job
-from fr2perfetto.match import match_ops
-from fr2perfetto.model import MISSING, OK, STUCK
-from fr2perfetto.timeline import FINDING_FLOW_BASE
+from fr2perfetto.base.model import MISSING, OK, STUCK
+from fr2perfetto.layout.timeline import FINDING_FLOW_BASE
+from fr2perfetto.match.ops import match_ops
+from fr2perfetto.read.job import load_job
 
 from .conftest import run_cli
 from .tracecheck import read_trace

@@ -166,7 +166,7 @@ def test_text_from_a_dump_never_rewrites_the_markdown_report(tmp_path: Path):
 
 
 def test_a_stack_frame_cannot_close_its_code_block():
-    from fr2perfetto.text import code_block
+    from fr2perfetto.base.text import code_block
 
     lines = code_block(["f (a.py:1)", "```", "x ```` y", "</details><script>"])
     assert lines[0] == lines[-1] == "`````" and all(not line.startswith("`````") for line in lines[1:-1])
@@ -316,8 +316,8 @@ def _ratio(work: Any, small: Any, large: Any) -> float:
 
 
 def test_stack_and_log_reading_work_grows_with_the_text():
-    from fr2perfetto.logs import parse_log
-    from fr2perfetto.stacks import parse_stacks
+    from fr2perfetto.read.logs import parse_log
+    from fr2perfetto.read.stacks import parse_stacks
 
     def stacks(size: int) -> str:
         nested = "(" * size + "x" + ")" * size
@@ -366,7 +366,7 @@ def test_huge_numbers_and_far_dates_in_logs_and_snapshots_end_in_a_report(tmp_pa
         done = run([command[0], str(tmp_path), *command[1:]])
         assert done.returncode in (0, 1) and b"Traceback" not in done.stderr, done.stderr.decode()[-800:]
     report = json.loads(run(["analyze", str(tmp_path), "--json"]).stdout)
-    from fr2perfetto.report import parse_report_json
+    from fr2perfetto.render.report import parse_report_json
 
     parse_report_json(json.dumps(report))  # every 64-bit time within range: the schema takes it
     assert all(0 <= int(e.get("time_ns", 0)) < 2**63 for e in report.get("log_events", []))
@@ -428,7 +428,8 @@ def test_command_line_values_from_outside_are_checked_in_one_line(tmp_path: Path
 def test_workers_are_never_more_than_the_work(monkeypatch: pytest.MonkeyPatch):
     from concurrent.futures import ProcessPoolExecutor
 
-    from fr2perfetto import job, pools
+    from fr2perfetto.base import pools
+    from fr2perfetto.read import job
 
     asked: list[int] = []
 
@@ -584,7 +585,7 @@ def test_a_failing_rank_wakes_only_its_own_runs_ranks_and_writes_through_no_link
             stranger.wait()
     assert outside.read_text() == "keep me" and all((folder / n).is_symlink() for n in ("gloo_trace_rank_0.partial",))
     assert not (folder / "fr_pid_rank_0").exists()  # the failed rank removed its rank file on the way out
-    from fr2perfetto.job import load_job
+    from fr2perfetto.read.job import load_job
 
     assert sorted(load_job([str(folder)]).dumps) == [0, 1, 2]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fr2perfetto import serve
-from fr2perfetto.redact import public_code
+from fr2perfetto.read.redact import public_code
 
 from .conftest import ROOT, run_cli, start_rank, stop_ranks
 from .tracecheck import read_trace
@@ -120,7 +120,7 @@ def test_redacted_trace_has_no_hostnames_or_directories(gloo_job, nccl_job, tmp_
     for path in nccl_job("stuck").iterdir():
         rank = path.name.rsplit("_", 1)[1]
         shutil.copy(path, folder / f"nccl_trace_rank_gpu-node-{rank}.corp.example_{int(rank) + 4}")
-    from fr2perfetto.job import load_job
+    from fr2perfetto.read.job import load_job
 
     job = load_job([str(folder)])
     secrets = {d.host for d in job.dumps.values() if d.host}

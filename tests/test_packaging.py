@@ -51,7 +51,8 @@ def test_sdist_and_wheel_install_into_a_fresh_venv(tmp_path: Path):
         "fr2perfetto/_speedups.c",
         "fr2perfetto/proto/fr2perfetto_report.proto",
         "fr2perfetto/proto/fr2perfetto_report_pb2.py",
-        "fr2perfetto/renderers/markdown.py",
+        "fr2perfetto/render/markdown.py",
+        "fr2perfetto/read/job.py",
     } <= in_wheel
     assert not any(name.startswith(("tests/", "samples/")) for name in in_wheel)
 
@@ -74,7 +75,7 @@ def test_sdist_and_wheel_install_into_a_fresh_venv(tmp_path: Path):
 
     where = subprocess.run(
         [str(python), "-c", "import fr2perfetto, fr2perfetto.proto.fr2perfetto_report_pb2 as pb;"
-         "from fr2perfetto.speedups import SPEEDUPS; print(fr2perfetto.__file__, SPEEDUPS is not None)"],
+         "from fr2perfetto.base.speedups import SPEEDUPS; print(fr2perfetto.__file__, SPEEDUPS is not None)"],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert where.returncode == 0, where.stderr[-2000:]

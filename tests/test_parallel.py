@@ -10,7 +10,7 @@ import nccl_layout
 import pytest
 
 from fr2perfetto import convert as convert_module
-from fr2perfetto import job as job_module
+from fr2perfetto.read import job as job_module
 
 from .conftest import run_cli
 from .tracecheck import read_trace

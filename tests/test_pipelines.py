@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fr2perfetto.looks import VICTIM
+from fr2perfetto.layout.looks import VICTIM
 
 from .conftest import ROOT, run_cli
 from .tracecheck import read_trace

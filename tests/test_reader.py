@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fr2perfetto.files import parse_dump_name
-from fr2perfetto.job import build_job, load_job
-from fr2perfetto.model import group_counts, time_range
-from fr2perfetto.reader import DumpError, read_dump
-from fr2perfetto.timeline import time_span
+from fr2perfetto.base.model import group_counts, time_range
+from fr2perfetto.layout.timeline import time_span
+from fr2perfetto.read.files import parse_dump_name
+from fr2perfetto.read.job import build_job, load_job
+from fr2perfetto.read.reader import DumpError, read_dump
 
 from .conftest import nccl_layout, run_cli
 from .tracecheck import read_trace

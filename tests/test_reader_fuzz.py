@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fr2perfetto import reader
-from fr2perfetto.job import build_job
-from fr2perfetto.match import match_ops
-from fr2perfetto.reader import DumpError, read_dump
+from fr2perfetto.match.ops import match_ops
+from fr2perfetto.read import reader
+from fr2perfetto.read.job import build_job
+from fr2perfetto.read.reader import DumpError, read_dump
 
 from .conftest import ROOT
 
@@ -51,7 +51,8 @@ def _read(data: bytes) -> None:
     """The C reader, the Python fast path and the full reader all read the same; the C and Python
     shape checks of a pickle agree."""
     if data[:1] == b"\x80":
-        from fr2perfetto import _speedups, pickle_shape
+        from fr2perfetto import _speedups
+        from fr2perfetto.read import pickle_shape
 
         limit = pickle_shape.max_nodes(len(data))
         assert _speedups.scan_pickle(data, pickle_shape.MAX_DEPTH, limit) == pickle_shape.scan(data, 64, limit)
@@ -162,7 +163,8 @@ def test_hostile_shapes(which: int, edits: list[tuple[int, Any]]):
     """Deep nesting, shared-tuple bombs, lone surrogates, ranks and numbers out of range, anywhere in a
     real pickle (pg_status keys included): the shape check refuses the first two in C and in Python
     alike, and whatever reads has text every output can encode."""
-    from fr2perfetto import _speedups, pickle_shape
+    from fr2perfetto import _speedups
+    from fr2perfetto.read import pickle_shape
 
     doc = copy.deepcopy(DECODED[which])
     paths = PATHS[which]

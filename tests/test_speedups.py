@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from fr2perfetto import job, match, reader, streams, timeline
-from fr2perfetto.model import Entry, Frame, Group, MatchedOp
-from fr2perfetto.renderers import perfetto as perfetto_writer
-from fr2perfetto.renderers.perfetto import PerfettoWriter
-from fr2perfetto.scene import Slice, SliceLook
-from fr2perfetto.speedups import SPEEDUPS
+from fr2perfetto.base.model import Entry, Frame, Group, MatchedOp
+from fr2perfetto.base.speedups import SPEEDUPS
+from fr2perfetto.layout import streams, timeline
+from fr2perfetto.layout.scene import Slice, SliceLook
+from fr2perfetto.match import ops as match
+from fr2perfetto.read import job, reader
+from fr2perfetto.render import perfetto as perfetto_writer
+from fr2perfetto.render.perfetto import PerfettoWriter
 
 from .conftest import run_cli
 from .tracecheck import read_trace

@@ -14,9 +14,9 @@ from pathlib import Path
 import picture
 import pytest
 
-from fr2perfetto.looks import QUEUED, Highlights, Looks
-from fr2perfetto.model import MISSING, STUCK, Entry, Group, MatchedOp
-from fr2perfetto.streams import LAUNCH_FLOW_BASE, lay_out
+from fr2perfetto.base.model import MISSING, STUCK, Entry, Group, MatchedOp
+from fr2perfetto.layout.looks import QUEUED, Highlights, Looks
+from fr2perfetto.layout.streams import LAUNCH_FLOW_BASE, lay_out
 
 from .conftest import ROOT, run_cli
 from .tracecheck import read_trace

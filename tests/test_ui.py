@@ -13,8 +13,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from fr2perfetto.convert import analyse, write_trace
-from fr2perfetto.job import load_job
-from fr2perfetto.timeline import PID_BASE
+from fr2perfetto.layout.timeline import PID_BASE
+from fr2perfetto.read.job import load_job
 
 from .conftest import ROOT, run_cli
 from .tracecheck import read_trace
@@ -142,7 +142,7 @@ def test_open_url_on_a_healthy_trace_has_no_focus(tmp_path: Path):
 
 @pytest.mark.parametrize("damage", ["corrupt packet", "focus of the wrong shape"])
 def test_open_url_on_a_damaged_trace_opens_it_unframed(tmp_path: Path, damage: str):
-    from fr2perfetto.focus import METADATA_NAME, metadata_packet
+    from fr2perfetto.layout.focus import METADATA_NAME, metadata_packet
 
     if damage == "corrupt packet":  # a packet whose length runs past what it holds
         data = b"\x0a\x05\x0a\x10abc"

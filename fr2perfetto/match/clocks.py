@@ -1,0 +1,215 @@
+"""Ranks' clock offsets, from the moments their collectives complete.
+
+Ranks on different hosts stamp their entries with different clocks (NTP keeps them within 0.1-10 ms,
+worse without), and an offset looks exactly like lateness. An NCCL collective completes on every member
+at nearly the same moment (its kernels end once the last member's data has arrived); the watchdog
+notices it up to its poll interval later (``time_discovered_completed_ns``), a delay that varies from op
+to op. So within a group, a member's completion time minus the op's centre is its offset against the
+group plus noise, and its offset is the (trimmed) mean of that over the group's newest ops. A mean, not
+a median: a delay spread evenly over a poll interval averages out, while the median of two ranks'
+delays sticks to whichever difference between their polls comes up more often.
+
+Completions noticed on one poll share its delay, so a member's noise is judged over its distinct
+completion times. Lateness within a group is judged on that group's own estimates (the members of a
+group share many ops, so those are the precise ones), within their noise. The trace shows a group's
+offsets only where one stands out of its noise; the job-wide offsets chain the groups' together,
+largest group first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from ..base.model import COMPLETED, Group, MatchedOp, state_entry
+
+SAMPLE_BUDGET = 200_000  # (rank, op) completion times used at most, over every group
+MIN_OPS, MAX_OPS = 16, 64  # the newest completed collectives of each group that are used
+ROUNDS = 3
+MIN_TICKS = 8  # distinct completion times a member needs for its offset to be estimated at all
+MIN_OFFSET_NS = 500_000  # offsets smaller than this are not worth applying
+SAME_POLL_NS = 100_000  # times of one rank closer than this were noticed on one poll
+SIGNIFICANCE = 4.0  # a group's offsets apply when one of them is this many of its standard errors from zero
+DISPLAY_SIGNIFICANCE = 2.0  # the job's offsets are applied to the trace from this many standard errors
+
+
+@dataclass(slots=True)
+class GroupClock:
+    """One group's members' offsets against its centre, and how far they may be off."""
+
+    offsets: dict[int, int]  # member -> ns its clock runs ahead of the group's (empty: none stands out)
+    uncertainty_ns: int  # the largest standard error among the members' offsets
+    aligned: bool  # every member's offset could be estimated
+    estimates: dict[int, int] = field(default_factory=dict)  # every member's offset, standing out or not
+    poll_ns: int = 0  # the step at which the watchdogs seem to notice completions (0: no sign of one)
+
+
+@dataclass(slots=True)
+class Clocks:
+    """What was estimated: per group, and job-wide (for the trace)."""
+
+    groups: dict[Group, GroupClock] = field(default_factory=dict)
+    offsets: dict[int, int] = field(default_factory=dict)  # rank -> ns its clock runs ahead (job-wide)
+    uncertainty_ns: int = 0  # the largest standard error among the groups' applied offsets
+
+    def aligned(self, rank: int, time_ns: int) -> int:
+        """A time of ``rank`` on the common clock."""
+        return time_ns - self.offsets.get(rank, 0)
+
+
+def estimate_clocks(ops: list[MatchedOp]) -> Clocks:
+    """Estimate the groups' and the job's clock offsets from the newest completed collectives."""
+    per_group, noticed = _completions(ops)
+    clocks = Clocks()
+    # The watchdog polls at one interval on every rank: the tightest gap any rank shows bounds it.
+    poll = min((gap for times in noticed.values() if (gap := _poll(times)) > 0), default=0)
+    for group, samples in per_group.items():
+        clocks.groups[group] = _group_clock(samples, poll)
+    clocks.offsets, clocks.uncertainty_ns = _job_offsets(clocks.groups)
+    return clocks
+
+
+def _usable(op: MatchedOp) -> bool:
+    """Whether an op's ends complete together: a collective every member issued, or a single send and
+    its recv (a batch completes once all of its transfers do, with whichever peers)."""
+    if op.missing or len(op.entries) < 2:
+        return False
+    if op.kind == "collective":
+        return True
+    return all(len(entries) == 1 and entries[0].closed_by is None for entries in op.entries.values())
+
+
+def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int, int]]]], dict[int, list[int]]]:
+    """Per group, (member, completion time) of every member of its newest ops completed everywhere
+    (collectives, and single sends with their recvs: the two ends of a transfer complete together);
+    and per rank, every time its watchdog noticed a start or a completion of those ops."""
+    chosen: dict[Group, list[MatchedOp]] = {}
+    sizes: dict[Group, int] = {}
+    for op in ops:
+        if _usable(op):
+            sizes[op.group] = len(op.group.members)
+    wanted = max(MIN_OPS, min(MAX_OPS, SAMPLE_BUDGET // max(1, sum(sizes.values()))))
+    for op in reversed(ops):
+        if op.group not in sizes or not _usable(op):
+            continue
+        picked = chosen.setdefault(op.group, [])
+        if len(picked) < wanted and all(state == COMPLETED for state in op.states):
+            picked.append(op)
+    per_group = {}
+    noticed: dict[int, list[int]] = {}
+    for group, picked in chosen.items():
+        samples = []
+        for op in picked:
+            last = {rank: state_entry(entries) for rank, entries in op.entries.items()}
+            times = [(rank, entry.time_completed_ns) for rank, entry in last.items()]
+            if all(time for _, time in times):
+                samples.append(times)
+                for rank, entry in last.items():
+                    noticed.setdefault(rank, []).extend(
+                        t for t in (entry.time_started_ns, entry.time_completed_ns) if t is not None
+                    )
+        if len(samples) >= 3:
+            per_group[group] = samples
+    return per_group, noticed  # type: ignore[return-value]
+
+
+def _group_clock(samples: list[list[tuple[int, int]]], poll: int) -> GroupClock:
+    offsets: dict[int, float] = {}
+    residuals: dict[int, list[float]] = {}
+    times: dict[int, list[int]] = {}
+    # Where ops join some members only (sends and recvs of a pipeline), an offset travels one hop
+    # per round: as many rounds as the chain may be long.
+    members = {rank for op in samples for rank, _ in op}
+    partial = any(len(op) < len(members) for op in samples)
+    for _ in range(ROUNDS * len(members) if partial else ROUNDS):
+        residuals, times = {}, {}
+        for op in samples:
+            centre = _trimmed_mean([t - offsets.get(r, 0.0) for r, t in op])
+            for rank, time in op:
+                residuals.setdefault(rank, []).append(time - centre)
+                times.setdefault(rank, []).append(time)
+        offsets = {rank: _trimmed_mean(values) for rank, values in residuals.items()}
+        middle = statistics.median(offsets.values())
+        offsets = {rank: value - middle for rank, value in offsets.items()}
+    errors = {rank: _standard_error(_per_tick(times[rank], residuals[rank]), poll) for rank in offsets}
+    uncertainty = max(errors.values())
+    if math.isinf(uncertainty):
+        return GroupClock({}, 0, False)
+    estimates = {rank: round(value) for rank, value in offsets.items()}
+    stands_out = any(abs(o) >= MIN_OFFSET_NS and abs(o) > SIGNIFICANCE * errors[r] for r, o in offsets.items())
+    return GroupClock(estimates if stands_out else {}, round(uncertainty), True, estimates, poll)
+
+
+def _job_offsets(groups: dict[Group, GroupClock]) -> tuple[dict[int, int], int]:
+    """The job-wide offsets (rank -> ns) and how far they may be off: the groups' estimates chained
+    into one clock, the largest group first, then each group that shares members with what is placed
+    already, shifted to agree with it on those members (a group that shares none starts anew).
+
+    They are applied (to the trace) only where one stands out: by ``MIN_OFFSET_NS`` and by twice the
+    largest standard error of the groups chained; otherwise there is no offset to apply."""
+    placed: dict[int, float] = {}
+    errors: list[int] = []
+    pending = sorted((g for g, c in groups.items() if c.aligned), key=lambda g: (-len(g.members), g.order))
+    while pending:
+        index = next((i for i, g in enumerate(pending) if any(m in placed for m in g.members)), 0)
+        clock = groups[pending.pop(index)]
+        local = clock.estimates
+        shared = [r for r in local if r in placed]
+        shift = statistics.mean(placed[r] - local[r] for r in shared) if shared else 0.0
+        for rank, offset in local.items():
+            placed.setdefault(rank, offset + shift)
+        errors.append(clock.uncertainty_ns)
+    if not placed:
+        return {}, 0
+    middle = statistics.median(placed.values())
+    offsets = {rank: round(offset - middle) for rank, offset in placed.items()}
+    error = max(errors)
+    if not any(abs(o) >= MIN_OFFSET_NS and abs(o) > DISPLAY_SIGNIFICANCE * error for o in offsets.values()):
+        return {}, 0
+    return {rank: offset for rank, offset in offsets.items() if offset}, error
+
+
+def _per_tick(times: list[int], residuals: list[float]) -> list[float]:
+    """One residual per distinct completion time: completions the watchdog noticed on one poll share
+    its delay, so they count once."""
+    by_time: dict[int, list[float]] = {}
+    for time, residual in zip(times, residuals, strict=True):
+        by_time.setdefault(time, []).append(residual)
+    return [sum(values) / len(values) for values in by_time.values()]
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    """The mean of ``values`` without the highest and lowest tenth."""
+    ordered = sorted(values)
+    cut = len(ordered) // 10
+    kept = ordered[cut : len(ordered) - cut] or ordered
+    return sum(kept) / len(kept)
+
+
+def _poll(times: list[int]) -> int:
+    """The smallest gap between a rank's polls: the step of its watchdog's polls when it notices
+    starts and completions on polls (or a longer gap, when ops are sparse); 0: none.
+
+    Times less than ``SAME_POLL_NS`` apart count as one poll (the watchdog stamps each work it looks at
+    as it goes). Starts count as well as completions: a short op started and completed on two polls
+    in a row shows the step even where ops are far apart."""
+    ticks: list[int] = []
+    for time in sorted(times):
+        if not ticks or time - ticks[-1] >= SAME_POLL_NS:
+            ticks.append(time)
+    return min((b - a for a, b in itertools.pairwise(ticks)), default=0)
+
+
+def _standard_error(residuals: list[float], poll_ns: int) -> float:
+    """The standard error of the trimmed mean of ``residuals`` (inf with too few of them).
+
+    Never below what the watchdog's polling alone allows: a rank's delays are spread over its poll
+    interval, and a handful of samples can all fall alike by chance, with no spread to show for it."""
+    if len(residuals) < MIN_TICKS:
+        return math.inf
+    ordered = sorted(residuals)
+    cut = len(ordered) // 10
+    kept = ordered[cut : len(ordered) - cut]
+    return max(statistics.pstdev(kept), poll_ns / 2) / math.sqrt(len(kept))

@@ -1,0 +1,256 @@
+"""Match each send with its recv by their order within the pair, not by ``p2p_seq_id``.
+
+``p2p_seq_id`` is no pair's counter: ``ProcessGroupNCCL::pointToPoint`` bumps one ``seqP2P_`` per rank
+and group for each single send/recv, and once per batch, whatever the peer, so a send and the recv it
+meets carry different numbers as soon as either rank has talked to a third one (every middle stage of
+a pipeline does). NCCL pairs them by order: within a group, the k-th send from a to b meets the k-th
+recv at b from a. So each pair's sends (on a) and recvs (on b) are lined up in the order each rank
+issued them, and ``p2p_seq_id`` only orders a rank's own ops.
+
+When both ranks' buffers hold their whole history, the k-th of each side meet. When the ring buffer
+dropped the oldest ops of a side, the sides are aligned from the newest back, on the last op each
+completed (the two ends of a transfer complete together, and a pair's ops complete in order on each
+side; where one side completed none, its oldest op comes after the other's last completed one),
+among the nearby alignments that give every completed op an other end that began. Ops in a
+batch carry the batch's state, which waits for all of its ops: an alignment that leaves a pending
+batch with no op still waiting gives way to another. With nothing completed on either side, the newest
+ops of both sides meet. What one side holds beyond the other's newest op the other never posted (missing); what lies
+before a wrapped side's oldest op is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..base.model import COMPLETED, SCHEDULED, Entry, Group, RankDump, state_entry
+from ..read.job import Job
+
+NEARBY = 2  # alignments tried on either side of the one the completion counts give
+CLOCK_MARGIN_NS = 100_000_000  # times of two ranks are compared only by more than this
+
+
+@dataclass(slots=True)
+class PairOp:
+    """One transfer of a pair: the send on ``source``, the recv on ``destination``, either maybe absent."""
+
+    group: Group
+    source: int
+    destination: int
+    index: int  # its place in the pair's order, from 1 (counted from the oldest op either side holds
+    # when both sides' buffers wrapped)
+    entries: dict[int, list[Entry]]
+    missing: tuple[int, ...]
+    unknown: tuple[int, ...]
+
+
+def pair_ops(job: Job, p2p_by_rank: dict[int, list[Entry]]) -> Iterator[PairOp]:
+    """Every transfer of the job, from each rank's p2p entries (in the order it issued them)."""
+    sides: dict[PairKey, tuple[list[Entry], list[Entry]]] = {}
+    for rank, entries in p2p_by_rank.items():
+        for entry in entries:
+            if entry.p2p_local is None:
+                continue  # the closing entry of a batch: its state lives on in closed_by
+            group = job.group_of[(rank, entry.group_name)]
+            src, dst = (group.global_rank(x) for x in entry.p2p_local)
+            if src is None or dst is None:
+                src, dst = entry.p2p_local  # trust the numbers rather than drop the op
+            sends, recvs = sides.setdefault((group, src, dst), ([], []))
+            (recvs if entry.op in ("recv", "irecv") else sends).append(entry)
+    candidates = {key: _candidates(*sides[key], job.dumps.get(key[1]), job.dumps.get(key[2])) for key in sides}
+    shifts = _settle_batches(sides, candidates)
+    for (group, src, dst), (sends, recvs) in sides.items():
+        src_dump, dst_dump = job.dumps.get(src), job.dumps.get(dst)
+        bases = _bases(shifts[(group, src, dst)], _whole(src_dump), _whole(dst_dump))
+        yield from _line_up(group, src, dst, sends, recvs, src_dump, dst_dump, bases)
+
+
+PairKey = tuple[Group, int, int]
+
+
+def _whole(dump: RankDump | None) -> bool:
+    return dump is not None and not dump.may_have_wrapped
+
+
+def _candidates(
+    sends: list[Entry], recvs: list[Entry], src_dump: RankDump | None, dst_dump: RankDump | None
+) -> list[int]:
+    """The alignments worth considering for a pair (recv j meets send j + shift), the likeliest first."""
+    if (_whole(src_dump) and _whole(dst_dump)) or not sends or not recvs:
+        return [0]
+    return _shifts(sends, recvs)
+
+
+def _settle_batches(
+    sides: dict[PairKey, tuple[list[Entry], list[Entry]]], candidates: dict[PairKey, list[int]]
+) -> dict[PairKey, int]:
+    """Each pair's alignment: its likeliest, unless that leaves a batch impossible.
+
+    A batch completes once all of its ops do, so a batch that did not complete holds at least one op
+    whose other end did not complete. Where a pair's likeliest alignment pairs every op of such a batch
+    with a completed other end, the pair's other candidates are tried (a batch's state lags behind
+    the transfers it already made, and completion counts mislead)."""
+    shifts = {key: options[0] for key, options in candidates.items()}
+    undecided = [key for key, options in candidates.items() if len(options) > 1]
+    if not undecided:
+        return shifts
+    where: dict[int, tuple[PairKey, bool, int]] = {}  # id(entry) -> (pair, is a send, position)
+    batches: dict[int, list[Entry]] = {}  # id(closing entry) -> its ops
+    for key, (sends, recvs) in sides.items():
+        for is_send, side in ((True, sends), (False, recvs)):
+            for position, entry in enumerate(side):
+                where[id(entry)] = (key, is_send, position)
+                if entry.closed_by is not None and entry.closed_by.state != COMPLETED:
+                    batches.setdefault(id(entry.closed_by), []).append(entry)
+    if not batches:
+        return shifts
+
+    def other_end(entry: Entry) -> Entry | None:
+        key, is_send, position = where[id(entry)]
+        sends, recvs = sides[key]
+        return _at(recvs, position - shifts[key]) if is_send else _at(sends, position + shifts[key])
+
+    batches_of: dict[PairKey, list[list[Entry]]] = {}  # pair -> the pending batches holding one of its ops
+    for ops in batches.values():
+        for key in {where[id(op)][0] for op in ops}:
+            batches_of.setdefault(key, []).append(ops)
+
+    def impossible(key: PairKey) -> int:
+        """Pending batches that hold an op of ``key`` and whose every op meets a completed other end."""
+        count = 0
+        for ops in batches_of.get(key, ()):
+            ends = [other_end(op) for op in ops]
+            if all(end is not None and state_entry([end]).state == COMPLETED for end in ends):
+                count += 1
+        return count
+
+    for _ in range(3):
+        changed = False
+        for key in undecided:
+            options = candidates[key]
+            best = min(options, key=lambda shift: (_try(shifts, key, shift, impossible), options.index(shift)))
+            if best != shifts[key]:
+                shifts[key] = best
+                changed = True
+        if not changed:
+            break
+    return shifts
+
+
+def _try(shifts: dict[PairKey, int], key: PairKey, shift: int, impossible: Callable[[PairKey], int]) -> int:
+    previous = shifts[key]
+    shifts[key] = shift
+    try:
+        return impossible(key)
+    finally:
+        shifts[key] = previous
+
+
+def _line_up(
+    group: Group,
+    src: int,
+    dst: int,
+    sends: list[Entry],
+    recvs: list[Entry],
+    src_dump: RankDump | None,
+    dst_dump: RankDump | None,
+    bases: tuple[int, int],
+) -> Iterator[PairOp]:
+    send_base, recv_base = bases
+    first = min(send_base if sends else recv_base, recv_base if recvs else send_base)
+    last = max(send_base + len(sends), recv_base + len(recvs))
+    for index in range(first, last):
+        entries: dict[int, list[Entry]] = {}
+        send = sends[index - send_base] if 0 <= index - send_base < len(sends) else None
+        recv = recvs[index - recv_base] if 0 <= index - recv_base < len(recvs) else None
+        if send is not None:
+            entries[src] = [send]
+        if recv is not None:
+            entries.setdefault(dst, []).append(recv)
+        present = send or recv
+        assert present is not None
+        missing: list[int] = []
+        unknown: list[int] = []
+        for rank, held, base, dump in ((src, sends, send_base, src_dump), (dst, recvs, recv_base, dst_dump)):
+            if (send if rank == src else recv) is not None or (rank == src == dst):
+                continue
+            if _never_posted(index, held, base, dump, present):
+                missing.append(rank)
+            else:
+                unknown.append(rank)
+        yield PairOp(group, src, dst, index, entries, tuple(missing), tuple(unknown))
+
+
+def _never_posted(index: int, held: list[Entry], base: int, dump: RankDump | None, present: Entry) -> bool:
+    """Whether the side that holds no op at ``index`` never posted it (rather than lost it)."""
+    if dump is None:
+        return False  # no dump: unknown
+    if state_entry([present]).state == COMPLETED:
+        return False  # a transfer completes only once both ends ran: the other end was lost
+    if held:
+        if index >= base + len(held):
+            return True  # newer than anything it posted
+        return not dump.may_have_wrapped  # older than its oldest: lost, if its buffer wrapped
+    if not dump.may_have_wrapped or not dump.entries:
+        return True
+    # its buffer covers the time the other end posted it (by more than two hosts' clocks may differ)
+    return present.time_created_ns >= dump.entries[0].time_created_ns + CLOCK_MARGIN_NS
+
+
+def _bases(shift: int, send_whole: bool, recv_whole: bool) -> tuple[int, int]:
+    """The pair index of each side's first op, given how far the sends run ahead."""
+    if send_whole and recv_whole:
+        return 1, 1
+    if send_whole:
+        return 1, max(1, 1 + shift)
+    if recv_whole:
+        return max(1, 1 - shift), 1
+    return (1, 1 + shift) if shift >= 0 else (1 - shift, 1)
+
+
+def _shifts(sends: list[Entry], recvs: list[Entry]) -> list[int]:
+    """The alignments that give every completed op an other end that began, nearest to the one the
+    completion counts give first (that one alone where none is consistent)."""
+    last_send = _last_completed(sends)
+    last_recv = _last_completed(recvs)
+    if last_send is None and last_recv is None:
+        return [len(sends) - len(recvs)]  # the newest ops meet
+    if last_recv is None:
+        anchor = last_send + 1  # the recvs it holds all came after the last transfer that completed
+    elif last_send is None:
+        anchor = -(last_recv + 1)
+    else:
+        anchor = last_send - last_recv
+    nearby = sorted(range(anchor - NEARBY, anchor + NEARBY + 1), key=lambda shift: (abs(shift - anchor), shift))
+    return [shift for shift in nearby if _consistent(sends, recvs, shift)] or [anchor]
+
+
+def _consistent(sends: list[Entry], recvs: list[Entry], shift: int) -> bool:
+    """Whether an alignment gives every completed op of either side an other end that began: a transfer
+    completes only once both ends run (an end may still say ``started`` where its rank dumped before
+    it noticed the completion, or where its batch waits for another of its ops)."""
+    recvs_meet = all(
+        _can_meet(recv, _at(sends, j + shift), newer=j + shift >= len(sends)) for j, recv in enumerate(recvs)
+    )
+    return recvs_meet and all(
+        _can_meet(send, _at(recvs, i - shift), newer=i - shift >= len(recvs)) for i, send in enumerate(sends)
+    )
+
+
+def _can_meet(mine: Entry, theirs: Entry | None, newer: bool) -> bool:
+    if state_entry([mine]).state != COMPLETED:
+        return True
+    if theirs is None:
+        return not newer  # lost to the other side's ring buffer, never newer than all it posted
+    return state_entry([theirs]).state != SCHEDULED
+
+
+def _at(side: list[Entry], position: int) -> Entry | None:
+    return side[position] if 0 <= position < len(side) else None
+
+
+def _last_completed(side: list[Entry]) -> int | None:
+    for position in range(len(side) - 1, -1, -1):
+        if state_entry([side[position]]).state == COMPLETED:
+            return position
+    return None

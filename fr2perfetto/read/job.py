@@ -1,0 +1,523 @@
+"""Load every rank's dump of a job and work out its process groups.
+
+``load_job`` is the I/O edge: it expands the inputs, reads the files (in parallel when asked),
+collects one ``LoadProblem`` per bad file and resolves groups. ``resolve_groups`` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
+from typing import TypeVar
+
+from ..base.gcpause import gc_paused
+from ..base.model import (
+    LOG_EXCEPTION,
+    MAX_RANK,
+    Entry,
+    Group,
+    LoadProblem,
+    LogEvent,
+    RankDump,
+    StackSnapshot,
+    group_counts,
+    plausible_time,
+    ranks_label,
+)
+from ..base.pools import process_pool
+from ..base.speedups import SPEEDUPS as _speedups
+from ..base.text import path_text, shown
+from .files import parse_dump_name
+from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
+from .logs import parse_log
+from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
+from .redact import redact_dumps
+from .stacks import parse_stacks
+
+
+@dataclass(slots=True)
+class Job:
+    """All that was read of one job: the dumps by rank, its groups and what went wrong."""
+
+    dumps: dict[int, RankDump]
+    groups: list[Group]
+    # (rank, group name) -> the group that name means on that rank.
+    group_of: dict[tuple[int, str], Group]
+    problems: list[LoadProblem] = field(default_factory=list)
+    stacks: dict[int, StackSnapshot] = field(default_factory=dict)  # rank -> its snapshot at the dumps' time
+    # rank -> every snapshot of it, oldest first (those whose time is known; the others after them)
+    snapshots: dict[int, list[StackSnapshot]] = field(default_factory=dict)
+    log_events: list[LogEvent] = field(default_factory=list)
+    # what the capture helper left beside the dumps (``capture``): rank -> how its process ended
+    # (``exception: ...``, ``signal SIGTERM``, ``exit``, or ``running`` when dumped on request), and
+    # rank -> (host, pid) of its process
+    endings: dict[int, str] = field(default_factory=dict)
+    processes: dict[int, tuple[str, int]] = field(default_factory=dict)
+    _by_rank: dict[int, list[Group]] | None = None
+    _ranks: list[int] | None = None
+
+    def host_of(self, rank: int) -> str | None:
+        """The host of a rank, from its dump or its capture rank file; None where nothing says."""
+        dump = self.dumps.get(rank)
+        if dump is not None and dump.host:
+            return dump.host
+        process = self.processes.get(rank)
+        return process[0] if process else None
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank known: those with a dump and every member of a group."""
+        if self._ranks is None:
+            known = set(self.dumps)
+            for group in self.groups:
+                known.update(group.members)
+            self._ranks = sorted(known)
+        return self._ranks
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks that are members of a group but left no dump."""
+        return [r for r in self.ranks if r not in self.dumps]
+
+    def groups_of_rank(self, rank: int) -> list[Group]:
+        """The groups ``rank`` is a member of, in the job's group order."""
+        if self._by_rank is None:
+            self._by_rank = {}
+            for group in self.groups:
+                for member in group.members:
+                    self._by_rank.setdefault(member, []).append(group)
+        return self._by_rank.get(rank, [])
+
+
+_Read = TypeVar("_Read")
+
+
+def _read_one(path: str, max_bytes: int = MAX_DUMP_BYTES) -> RankDump | LoadProblem:
+    return _problem_or(partial(read_dump, max_bytes=max_bytes), path)
+
+
+def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
+    """``read(path)``, or the ``LoadProblem`` that says why it failed."""
+    try:
+        with gc_paused():
+            return read(path)
+    except DumpError as error:
+        return LoadProblem(path, str(error))
+    except Exception as error:
+        return LoadProblem(path, f"unreadable dump ({type(error).__name__}: {str(error)[:120]})")
+
+
+# Entries cross from a reading process to the parent as columns, a tuple per field, and become
+# entries again in one C call each: pickling one object per entry costs several times as much.
+Packed = tuple[RankDump, list[tuple[object, ...]]]
+
+
+def _read_packed(path: str, max_bytes: int = MAX_DUMP_BYTES) -> Packed | LoadProblem:
+    """In a reading process: read one dump, its entries as columns."""
+    result = _problem_or(partial(read_dump_rows, max_bytes=max_bytes), path)
+    if isinstance(result, LoadProblem):
+        return result
+    dump, rows = result
+    return dump, list(zip(*rows, strict=True))
+
+
+# Fields whose values repeat across ranks (names, sizes, dtypes, stacks): the reading processes each
+# make their own copy, which the parent makes one object again, so that ranks compare by identity.
+_SHARED_FIELDS = tuple(
+    Entry._fields.index(name)
+    for name in (
+        "group_name", "group_desc", "backend", "op", "p2p_local", "input_sizes", "output_sizes", "input_dtypes",
+        "output_dtypes", "state", "thread_id", "thread_name", "frames",
+    )
+)  # fmt: skip
+
+
+def _unpack(packed: Packed | LoadProblem, canonical: dict[object, object]) -> RankDump | LoadProblem:
+    """In the parent: a dump from what a reading process sent, its repeated values made ``canonical``'s."""
+    if isinstance(packed, LoadProblem):
+        return packed
+    dump, columns = packed
+    share = _speedups.canonical_column if _speedups is not None else _canonical_column
+    for index in _SHARED_FIELDS:
+        if index < len(columns):  # no columns at all when the dump has no entries
+            columns[index] = share(columns[index], canonical)
+    dump.entries = (_speedups.entries_from_columns if _speedups is not None else _entries_from_columns)(Entry, columns)
+    return dump
+
+
+def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
+    """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
+    return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))  # type: ignore[arg-type]
+
+
+def _canonical_column(column: tuple[object, ...], canonical: dict[object, object]) -> tuple[object, ...]:
+    """``column`` with each str and tuple in it replaced by the equal one ``canonical`` (value ->
+    itself, filled as it goes) already holds."""
+    by_id = dict(zip(map(id, column), column, strict=True))  # a column repeats a few values
+    shared = {key: _shared(value, canonical) for key, value in by_id.items()}
+    return tuple(map(shared.__getitem__, map(id, column)))
+
+
+def _shared(value: object, canonical: dict[object, object]) -> object:
+    if type(value) is not str and type(value) is not tuple:
+        return value
+    try:
+        return canonical.setdefault(value, value)
+    except TypeError:  # unhashable: it stays as it is
+        return value
+
+
+def read_files(
+    paths: list[str],
+    jobs: int = 1,
+    progress: Callable[[int], None] | None = None,
+    max_bytes: int = MAX_DUMP_BYTES,
+) -> Iterable[RankDump | LoadProblem]:
+    """Read each file into a dump or a problem, in the order given, over ``jobs`` processes; files over
+    ``max_bytes`` are refused unread."""
+    if jobs <= 1 or len(paths) < 4:
+        for path in paths:
+            result = _read_one(path, max_bytes)
+            if progress:
+                progress(1)
+            yield result
+        return
+    done = 0
+    canonical: dict[object, object] = {}
+    try:
+        with process_pool(min(jobs, len(paths))) as pool:  # never more workers than files
+            chunks = max(1, min(16, len(paths) // (jobs * 8)))
+            for packed in pool.map(partial(_read_packed, max_bytes=max_bytes), paths, chunksize=chunks):
+                done += 1
+                if progress:
+                    progress(1)
+                yield _unpack(packed, canonical)
+    except BrokenProcessPool:
+        # A reading process died (the system ran out of memory, or it was killed): read the rest here.
+        yield from read_files(paths[done:], 1, progress, max_bytes)
+
+
+def load_job(
+    inputs: list[str],
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_dump_bytes: int = MAX_DUMP_BYTES,
+    redact: bool = False,
+    keep_names: bool = False,
+    logs: list[str] | None = None,
+) -> Job:
+    """Read all dumps named by ``inputs`` (directories searched through, archives, files, globs) into a
+    ``Job``, with the stack snapshots and logs found among them (and in ``logs``).
+
+    ``progress(done, total)`` is called as files are read; files over ``max_dump_bytes`` are refused.
+    ``redact``: every string of the dumps that is not PyTorch's own becomes a placeholder before
+    anything is made from them (``redact``; ``keep_names`` keeps the script's function and file names).
+    """
+    found = find_inputs(inputs, max_dump_bytes, _read_member, logs)
+    on_disk = [s.path for s in found.dumps]
+    total = len(on_disk) + len(found.archived)
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress:
+            progress(done, total)
+
+    problems = list(found.problems)
+    if found.skipped:
+        # where nothing else was found, the files skipped are the answer: fatal, and said so
+        alone = not (on_disk or found.archived or found.problems)
+        problems.append(LoadProblem(" ".join(inputs), skipped_text(found.skipped, alone), fatal=alone))
+    dumps: dict[int, RankDump] = {}
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    results = [*read_files(on_disk, workers, advance, max_dump_bytes), *found.archived]
+    advance(len(found.archived))
+    for result in results:
+        if isinstance(result, LoadProblem):
+            problems.append(result)
+            continue
+        if result.skipped_entries:
+            problems.append(
+                LoadProblem(
+                    result.path,
+                    f"{result.skipped_entries} malformed entries skipped ({result.skipped_reason})",
+                    fatal=False,
+                )
+            )
+        _keep_newest(dumps, result, problems)
+    if redact:
+        problems = redact_dumps(dumps, problems, keep_names)
+    if redact and (found.stacks or found.logs):
+        problems.append(LoadProblem("the inputs", "stack snapshots and logs are left out with --redact "
+                                    "(their text holds names and paths)", fatal=False))  # fmt: skip
+    job = build_job(dumps, problems)
+    if not redact:  # names and paths: left out with --redact
+        job.snapshots, job.log_events = _evidence(found, dumps, job.problems)
+        job.stacks = _choose_snapshots(job.snapshots, _dumped_at(dumps))
+        job.endings, job.processes, exceptions = _capture_files(found)
+        job.log_events += exceptions
+    return job
+
+
+MAX_ENDING = 400  # characters of a .ended file kept: one exception line
+
+
+def _capture_files(found: Found) -> tuple[dict[int, str], dict[int, tuple[str, int]], list[LogEvent]]:
+    """What the capture helper left: how each rank ended (its ``.ended`` files: an exception is an event
+    of the rank's own, as a log's would be), and each rank's host and pid (its rank file)."""
+    endings: dict[int, str] = {}
+    events: list[LogEvent] = []
+    for source in found.endings:
+        name = parse_dump_name(os.path.basename(source.path)[: -len(".ended")])
+        try:
+            text = read_limited(source, SMALL_TEXT_LIMIT).decode("utf-8", "replace")
+            mtime = None if source.data is not None else os.stat(source.path).st_mtime_ns
+        except OSError:
+            continue
+        line = shown((text.splitlines() or [""])[0].strip()[:MAX_ENDING])
+        if name is None or not line:
+            continue
+        endings[name.rank] = line
+        if line.startswith("exception: "):  # capture._excepthook: the exception that ended the rank
+            events.append(LogEvent(name.rank, plausible_time(mtime), LOG_EXCEPTION, line.removeprefix("exception: "),
+                                   path_text(source.path)))  # fmt: skip
+    processes: dict[int, tuple[str, int]] = {}
+    for source in found.rank_files:
+        try:  # capture.rank_file_text: JSON with the rank, its host and pid
+            value = json.loads(read_limited(source, SMALL_TEXT_LIMIT))
+            rank, host, pid = value["rank"], value["host"], value["pid"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if (
+            type(rank) is int
+            and 0 <= rank < MAX_RANK
+            and type(pid) is int
+            and 0 < pid < 1 << 31
+            and isinstance(host, str)
+        ):
+            processes[rank] = (shown(host[:MAX_ENDING]), pid)
+    return endings, processes, events
+
+
+DUMP_NAMES = "nccl_trace_rank_0, gloo_trace_rank_3.json, rank_7 (a prefix, then the rank)"
+NAMES_SHOWN = 3  # files named per reason they were skipped
+
+
+def skipped_text(skipped: dict[str, list[str]], alone: bool) -> str:
+    """Why files were skipped, naming the first few of each reason; ``alone``: nothing else was found,
+    so also what a dump's name looks like."""
+    total = sum(len(paths) for paths in skipped.values())
+    reasons = []
+    for why, paths in sorted(skipped.items()):
+        names = ", ".join(path_text(os.path.basename(p)) for p in paths[:NAMES_SHOWN])
+        more = f" and {len(paths) - NAMES_SHOWN} more" if len(paths) > NAMES_SHOWN else ""
+        reasons.append(f"{why}: {names}{more}")
+    files = "1 file" if total == 1 else f"{total} files"
+    if alone:
+        return f"no Flight Recorder dump among its {files} ({'; '.join(reasons)}); dumps are named like {DUMP_NAMES}"
+    return f"{files} skipped ({'; '.join(reasons)})"
+
+
+def _read_member(path: str, data: bytes) -> RankDump | LoadProblem:
+    """A dump read from an archive's member."""
+    return _problem_or(lambda _: read_dump(path, data), path)
+
+
+def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[LoadProblem]) -> None:
+    """Two dumps of one rank (periodic snapshots, a copy): the one whose entries end later is used."""
+    other = dumps.get(dump.rank)
+    if other is None:
+        dumps[dump.rank] = dump
+        return
+    newer, older = (dump, other) if (dump.time_range or (0, 0))[1] > (other.time_range or (0, 0))[1] else (other, dump)
+    dumps[dump.rank] = newer
+    problems.append(LoadProblem(older.path, f"rank {dump.rank} has a newer dump, {newer.path}: this one skipped",
+                                fatal=False))  # fmt: skip
+
+
+DEFAULT_GROUP = "0"  # the name PyTorch gives the group init_process_group makes (the first one named)
+
+
+def _dumped_at(dumps: dict[int, RankDump]) -> int | None:
+    """The last time any dump recorded: about when they were taken."""
+    ends = [d.time_range[1] for d in dumps.values() if d.time_range]
+    return max(ends) if ends else None
+
+
+def _evidence(
+    found: Found, dumps: dict[int, RankDump], problems: list[LoadProblem]
+) -> tuple[dict[int, list[StackSnapshot]], list[LogEvent]]:
+    """Every rank's stack snapshots, oldest first, and every log event."""
+    dumped_at = _dumped_at(dumps)
+    year = None
+    if dumped_at is not None:
+        import datetime
+
+        year = datetime.datetime.fromtimestamp(dumped_at / 1e9).year
+    snapshots: list[StackSnapshot] = []
+    for source in found.stacks:
+        try:
+            text = read_limited(source, TEXT_LIMIT).decode("utf-8", "replace")
+            mtime = None if source.data is not None else os.stat(source.path).st_mtime_ns
+        except OSError as error:
+            problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
+            continue
+        notes: list[str] = []
+        snapshots += parse_stacks(text, path_text(source.path), mtime, notes)
+        problems += [LoadProblem(source.path, note, fatal=False) for note in notes]
+    events: list[LogEvent] = []
+    for source in found.logs:
+        try:
+            text = read_limited(source, TEXT_LIMIT).decode("utf-8", "replace")
+        except OSError as error:
+            problems.append(LoadProblem(source.path, f"cannot read ({error.strerror or error})", fatal=False))
+            continue
+        notes = []
+        events += parse_log(text, path_text(source.path), year, notes)
+        problems += [LoadProblem(source.path, note, fatal=False) for note in notes]
+    by_rank: dict[int, list[StackSnapshot]] = defaultdict(list)
+    for snapshot in sorted(snapshots, key=lambda s: (s.time_ns is None, s.time_ns or 0)):
+        by_rank[snapshot.rank].append(snapshot)
+    return dict(sorted(by_rank.items())), events
+
+
+SNAPSHOT_MARGIN_NS = 60_000_000_000  # a snapshot this much after the dumps still counts as taken with them
+
+
+def _choose_snapshots(by_rank: dict[int, list[StackSnapshot]], dumped_at: int | None) -> dict[int, StackSnapshot]:
+    """Per rank, the newest snapshot taken before (or about when) the dumps were; where every snapshot
+    is later (a clock or time zone apart), the earliest."""
+    chosen = {}
+    for rank, taken in by_rank.items():
+        timed = sorted((s for s in taken if s.time_ns is not None), key=lambda s: s.time_ns or 0)
+        if not timed:
+            chosen[rank] = taken[-1]
+            continue
+        if dumped_at is None:
+            chosen[rank] = timed[-1]
+            continue
+        before = [s for s in timed if (s.time_ns or 0) <= dumped_at + SNAPSHOT_MARGIN_NS]
+        chosen[rank] = before[-1] if before else timed[0]
+    return chosen
+
+
+def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = None) -> Job:
+    """Make a ``Job`` from dumps already read."""
+    ordered = dict(sorted(dumps.items()))
+    doubts: list[LoadProblem] = []
+    groups, group_of = resolve_groups(ordered, doubts)
+    return Job(ordered, groups, group_of, list(problems or []) + doubts)
+
+
+def resolve_groups(
+    dumps: dict[int, RankDump], doubts: list[LoadProblem] | None = None
+) -> tuple[list[Group], dict[tuple[int, str], Group]]:
+    """Identify the job's process groups by name plus members, and what each name means per rank.
+
+    Members come from a rank's own ``pg_config``, else from another rank's that lists it, else
+    (gloo, whose ``pg_config`` is broken) from the ranks that have entries under that name. A claim
+    that one rank alone makes and that members it names contradict (their own ``pg_config`` gives
+    that group other members) is not believed, and said so in ``doubts``.
+    """
+    used: dict[str, set[int]] = defaultdict(set)  # name -> ranks with entries under it
+    descs: dict[str, Counter[str]] = defaultdict(Counter)
+    for rank, dump in dumps.items():
+        counts = dump.group_counts if dump.group_counts is not None else group_counts(dump.entries)
+        for (name, desc), count in counts.items():
+            used[name].add(rank)
+            if desc:
+                descs[name][desc] += count
+    claims: dict[str, dict[int, tuple[int, ...]]] = defaultdict(dict)  # name -> rank -> members it claims
+    config_desc: dict[str, str] = {}
+    for rank, dump in dumps.items():
+        for name, config in dump.pg_config.items():
+            if config.ranks:
+                claims[name][rank] = config.ranks
+                if config.desc:
+                    config_desc.setdefault(name, config.desc)
+    believed = _believed_claims(dumps, claims, doubts if doubts is not None else [])
+    configured: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    for name, by_rank in believed.items():
+        configured[name].update(by_rank.values())
+
+    from_entries = {name: tuple(sorted(ranks)) for name, ranks in used.items()}
+    # The default group is the world: ranks 0 to world size - 1, whether or not a rank's entries under it
+    # survive (gloo names it "0", its pg_config lists no ranks). So a gap in the ranks seen is a rank that
+    # left no dump; filled only while that is in proportion to the dumps read (a file named rank_9999999
+    # does not make ten million ranks).
+    if DEFAULT_GROUP in from_entries and DEFAULT_GROUP not in believed:
+        world = 1 + max(max(dumps), max(from_entries[DEFAULT_GROUP]))
+        if world <= 2 * len(dumps) + 8:
+            from_entries[DEFAULT_GROUP] = tuple(range(world))
+
+    def members_for(rank: int, name: str) -> tuple[int, ...]:
+        own = believed.get(name, {}).get(rank)
+        if own and rank in own:
+            return own
+        for ranks in sorted(configured.get(name, ())):
+            if rank in ranks:
+                return ranks
+        return from_entries[name]
+
+    keyed: dict[tuple[str, tuple[int, ...]], None] = {}
+    membership: dict[tuple[int, str], tuple[int, ...]] = {}
+    for name, ranks in used.items():
+        for rank in ranks:
+            members = members_for(rank, name)
+            membership[(rank, name)] = members
+            keyed[(name, members)] = None
+    for name, member_sets in configured.items():
+        for members in member_sets:
+            keyed[(name, members)] = None
+
+    def sort_key(key: tuple[str, tuple[int, ...]]) -> tuple[int, str, tuple[int, ...]]:
+        name, members = key
+        return (int(name) if name.isdigit() and len(name) < 18 else 2**62, name, members)
+
+    groups: dict[tuple[str, tuple[int, ...]], Group] = {}
+    for order, key in enumerate(sorted(keyed, key=sort_key)):
+        name, members = key
+        desc = descs[name].most_common(1)[0][0] if descs[name] else config_desc.get(name, "")
+        groups[key] = Group(name=name, desc=desc, members=members, order=order, members_label=ranks_label(members))
+    group_of: dict[tuple[int, str], Group] = {}
+    for (name, members), group in groups.items():
+        for rank in members:
+            group_of.setdefault((rank, name), group)
+    for (rank, name), members in membership.items():
+        group_of[(rank, name)] = groups[(name, members)]
+    return list(groups.values()), group_of
+
+
+def _believed_claims(
+    dumps: dict[int, RankDump], claims: dict[str, dict[int, tuple[int, ...]]], doubts: list[LoadProblem]
+) -> dict[str, dict[int, tuple[int, ...]]]:
+    """The ``pg_config`` claims to believe: every claim that two ranks or more make, and a claim one rank
+    alone makes unless members it names say otherwise of that group in their own ``pg_config``."""
+    believed: dict[str, dict[int, tuple[int, ...]]] = {}
+    for name, by_rank in claims.items():
+        support = Counter(by_rank.values())
+        kept: dict[int, tuple[int, ...]] = {}
+        for rank, members in by_rank.items():
+            if support[members] == 1:
+                named = set(members)
+                against = [r for r, theirs in by_rank.items() if r != rank and r in named and theirs != members]
+                if against:
+                    doubts.append(
+                        LoadProblem(
+                            dumps[rank].path,
+                            f"pg_config says group {name} has ranks {ranks_label(members)}; ranks "
+                            f"{ranks_label(against)} say otherwise in theirs: not believed",
+                            fatal=False,
+                        )
+                    )
+                    continue
+            kept[rank] = members
+        believed[name] = kept
+    return believed

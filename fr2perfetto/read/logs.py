@@ -1,0 +1,220 @@
+"""Read a job's logs for the lines that say what went wrong on which rank.
+
+Recognised, in the words PyTorch writes them (the file that writes each is named):
+
+- the watchdog's timeout, ``[Rank 3] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600029
+  milliseconds before timing out.`` (``ProcessGroupNCCL.cpp``, ``WorkNCCL::checkTimeout``);
+- the heartbeat monitor: ``Heartbeat monitor timed out!`` and ``watchdog got stuck for 480 seconds``
+  (``ProcessGroupNCCL.cpp``, ``HeartbeatMonitor::runLoop``);
+- NCCL errors: ``NCCL error in: ...``, ``ncclSystemError``, ``unhandled cuda error`` (``NCCLUtils.hpp``,
+  ``C10D_NCCL_CHECK``, and NCCL's own result names);
+- failures in communication caused by another rank: gloo's timeouts and closed connections, NCCL's
+  remote errors, ``DistBackendError`` (``comm_failure``: what happened to the rank, not what it did);
+- CUDA errors: ``CUDA error: an illegal memory access was encountered`` (``c10/cuda/CUDAException.h``);
+- Python tracebacks: the exception line that ends one, with its innermost frame;
+- torchrun's ``ChildFailedError`` table: each failed rank with its exit code or signal
+  (``torch/distributed/elastic/multiprocessing/errors/__init__.py``).
+
+A line's rank comes from its prefix (``[rank3]:``, ``[Rank 3]``, torchrun's ``[default3]:``), else from
+the file (torchrun's ``<log_dir>/.../attempt_0/<rank>/stderr.log``, a name with ``rank_3``); its time
+from glog's ``E0810 03:04:11.061`` (the year from ``year_of``) or an ISO time, read as local time, else
+none. Anything else is ignored: a log line never stops a command.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+
+from ..base.model import (
+    LOG_CHILD_FAILED,
+    LOG_COMM_FAILURE,
+    LOG_CUDA_ERROR,
+    LOG_EXCEPTION,
+    LOG_NCCL_ERROR,
+    LOG_WATCHDOG_STUCK,
+    LOG_WATCHDOG_TIMEOUT,
+    MAX_RANK,
+    LogEvent,
+    plausible_time,
+)
+from ..base.text import safe_text
+
+MAX_EVENTS_PER_KIND = 20  # of one rank
+MAX_LINE = 400  # of a line quoted
+# Longer lines are cut before they are read: every pattern below is then bounded per line, so a log
+# costs time in proportion to its size, whatever it holds. Numbers have bounded digits for the same
+# reason, and are checked for range as well.
+MAX_SCAN = 4096
+
+_RANK_PREFIX = re.compile(
+    r"^\[(?:rank|default)(\d{1,8})\]:|\[Rank (\d{1,8})\]|\[PG ID \d{1,9} PG GUID [^\s\]]{1,128} Rank (\d{1,8})\]"
+)
+_GLOG_TIME = re.compile(r"\[?[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
+_ISO_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?")
+_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d{1,18}), OpType=(\w{1,64})"
+    r"(?:, NumelIn=(\d{1,18}), NumelOut=(\d{1,18}))?, Timeout\(ms\)=(\d{1,18})\) ran for (\d{1,18}) milliseconds"
+)
+_STUCK = re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d{1,12}) seconds")
+_NCCL = re.compile(
+    r"NCCL error|nccl(?:Remote|System|Internal|InvalidUsage|InvalidArgument|UnhandledCuda)Error|"
+    r"unhandled cuda error|unhandled system error|remote process exited or there was a network error",
+    re.IGNORECASE,
+)
+_CUDA = re.compile(r"CUDA error: (.+)")
+# What a rank sees when a collective or a transfer fails because of another rank: gloo's timeouts
+# (``unbound_buffer.cc``: "Timed out waiting 3000ms for recv operation to complete"; ``pair.cc``:
+# "Application timeout caused pair closure", "Connection closed by peer"), NCCL's remote errors, c10d's
+# DistBackendError and monitored_barrier's timeout (``ProcessGroupGloo.cpp``)
+_COMM_FAILURE = re.compile(
+    r"Timed out waiting \d{1,12}ms for (?:send|recv) operation|Application timeout caused pair closure|"
+    r"Connection closed by peer|Connection reset by peer|DistBackendError|ncclRemoteError|"
+    r"remote process exited or there was a network error|timed out in monitoredBarrier"
+)
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Failure|Warning)|KeyboardInterrupt)(:.*)?$"
+)
+_CHILD_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,8})\b")
+_CHILD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,10})\b")
+_CHILD_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
+_CHILD_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")
+_SIGNAL = re.compile(r"Signal (\d{1,3}) \((\w{1,16})\)")
+_LOG_DIR_RANK = re.compile(r"attempt_\d{1,9}[/\\](\d{1,8})[/\\](?:stderr|stdout|error)")
+_NAME_RANK = re.compile(r"rank[_-]?(\d{1,8})(?!\d)", re.IGNORECASE)
+_INT32 = 1 << 31
+
+
+def rank_of_file(path: str) -> int | None:
+    """The rank a whole log file is of, where its path says (None: a combined log)."""
+    found = _LOG_DIR_RANK.search(path.replace("!", "/"))
+    if found:
+        return int(found.group(1))
+    found = _NAME_RANK.search(os.path.basename(path))
+    return int(found.group(1)) if found else None
+
+
+def parse_log(text: str, source: str, year_of: int | None = None, notes: list[str] | None = None) -> list[LogEvent]:
+    """The events of one log file (``year_of``: the year of glog's times, which carry none). A time
+    that is no plausible date is dropped (the event stays, untimed), and ``notes`` says how many."""
+    file_rank = rank_of_file(source)
+    year = year_of or datetime.datetime.now().year
+    events: list[LogEvent] = []
+    counts: dict[tuple[int, str], int] = {}
+    traceback: dict[int | None, tuple[int, str | None]] = {}  # rank -> (start line, innermost frame)
+    child: dict[str, str] = {}
+    dropped = 0
+
+    def add(rank: int | None, kind: str, line: str, number: int, when: int | None, **details: str) -> None:
+        if rank is None or not 0 <= rank < MAX_RANK:
+            return
+        key = (rank, kind)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= MAX_EVENTS_PER_KIND:
+            text_line = safe_text(line.strip())[:MAX_LINE]
+            events.append(LogEvent(rank, when, kind, text_line, f"{source}:{number}", details))
+
+    def timed(line: str) -> int | None:
+        nonlocal dropped
+        when = _time(line, year)
+        if when is not None and plausible_time(when) is None:
+            dropped += 1
+            return None
+        return when
+
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw[:MAX_SCAN].rstrip()
+        prefix = _RANK_PREFIX.search(line)
+        rank = next((int(g) for g in prefix.groups() if g), None) if prefix else file_rank
+        body = line[prefix.end() :] if prefix and prefix.start() == 0 else line
+        if match := _TIMEOUT.search(line):
+            seq, op, numel_in, numel_out, timeout, ran = match.groups()
+            add(rank, LOG_WATCHDOG_TIMEOUT, body, number, timed(line), seq=seq, op=op, timeout_ms=timeout, ran_ms=ran,
+                numel_in=numel_in or "", numel_out=numel_out or "")  # fmt: skip
+        elif _STUCK.search(line):
+            add(rank, LOG_WATCHDOG_STUCK, body, number, timed(line))
+        elif match := _CUDA.search(line):
+            add(rank, LOG_CUDA_ERROR, body, number, timed(line), error=match.group(1)[:200])
+        elif _COMM_FAILURE.search(line):
+            if rank not in traceback or not _EXCEPTION.match(body.strip()):  # else taken below, with its frame
+                add(rank, LOG_COMM_FAILURE, body, number, timed(line))
+        elif _NCCL.search(line):
+            add(rank, LOG_NCCL_ERROR, body, number, timed(line))
+        stripped = body.strip()
+        if stripped == _TRACEBACK:
+            traceback[rank] = (number, None)
+        elif rank in traceback and (frame := _python_frame(stripped)):
+            traceback[rank] = (traceback[rank][0], frame)
+        elif rank in traceback and _EXCEPTION.match(stripped):
+            _, innermost = traceback.pop(rank)
+            # a collective that failed because a peer went or timed out is what happened to this rank,
+            # not what it did: a failure in communication, not an error of its own
+            kind = LOG_COMM_FAILURE if _COMM_FAILURE.search(stripped) else LOG_EXCEPTION
+            add(rank, kind, stripped, number, timed(line), where=innermost or "")
+        failed = _child_failure(stripped, child, year)
+        if failed is not None:
+            failed_rank, what, failed_at, code = failed
+            if plausible_time(failed_at) is None and failed_at is not None:
+                dropped += 1
+                failed_at = None
+            add(failed_rank, LOG_CHILD_FAILED, what, number, failed_at, exitcode=code)
+    if dropped and notes is not None:
+        notes.append(f"{dropped} times in it are no plausible date (before 1990 or after 2199): ignored")
+    return events
+
+
+def _python_frame(line: str) -> str | None:
+    """``File "/job/train.py", line 140, in train_step`` as ``train_step (/job/train.py:140)``."""
+    if not line.startswith('File "'):
+        return None
+    quote = line.rfind('", line ')
+    if quote < 5:
+        return None
+    number, found, name = line[quote + 8 :].partition(", in ")
+    if not found or not name or not (number.isdigit() and number.isascii() and len(number) <= 10):
+        return None
+    return f"{name} ({line[6:quote]}:{number})"
+
+
+def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, str, int | None, str] | None:
+    """torchrun's failure table: ``time``, ``rank``, ``exitcode``, then ``traceback`` (the last field);
+    at the last: (rank, what happened, when, exit code)."""
+    if match := _CHILD_TIME.match(line):
+        child.clear()
+        child["time"] = match.group(1)
+    elif match := _CHILD_RANK.match(line):
+        child["rank"] = match.group(1)
+    elif match := _CHILD_EXIT.match(line):
+        child["exitcode"] = match.group(1)
+    elif (match := _CHILD_TRACE.match(line)) and "rank" in child and "exitcode" in child:
+        code = int(child["exitcode"])
+        if not -_INT32 <= code < _INT32:
+            child.clear()
+            return None
+        signal = _SIGNAL.search(match.group(1))
+        how = f"killed by {signal.group(2)}" if signal else f"exit code {code}"
+        when = _time(child.get("time", "").replace("_", " "), year)
+        failed = (int(child["rank"]), f"rank {child['rank']} failed ({how}) [torchrun]", when, str(code))
+        child.clear()
+        return failed
+    return None
+
+
+def _time(line: str, year: int) -> int | None:
+    try:
+        if match := _ISO_TIME.search(line):
+            y, mo, d, h, mi, s, frac = match.groups()
+            moment = datetime.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s))
+        elif match := _GLOG_TIME.search(line):
+            mo, d, h, mi, s, frac = match.groups()
+            moment = datetime.datetime(year, int(mo), int(d), int(h), int(mi), int(s))
+        else:
+            return None
+        seconds = int(moment.timestamp())  # local time, as logs are written
+    except (ValueError, OverflowError, OSError):
+        return None
+    nanos = int((frac or "0").ljust(9, "0")[:9])
+    return seconds * 1_000_000_000 + nanos

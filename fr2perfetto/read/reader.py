@@ -1,0 +1,602 @@
+"""Read one Flight Recorder dump (pickle or JSON, versions 1.x to 2.10) into a ``RankDump``.
+
+Everything in a dump is checked before use: a file that is not a dump, is truncated, empty or of an
+unknown version raises ``DumpError`` with a one-line reason; a single malformed entry is skipped and
+counted, so one bad record does not cost a rank its whole history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..base.model import (
+    COMPLETED,
+    MAX_RANK,
+    SCHEDULED,
+    STARTED,
+    Entry,
+    Frame,
+    GroupConfig,
+    RankDump,
+    group_counts,
+    time_range,
+)
+from ..base.speedups import SPEEDUPS as _speedups
+from ..base.text import path_text, safe_text
+from .files import parse_dump_name
+from .safe_pickle import RefusedPickle, loads_plain
+
+SUPPORTED_MAJOR_VERSIONS = (1, 2)
+_INT64_MAX = 2**63 - 1
+_P2P_PEERS = re.compile(r"(-?\d+)\s*(->|<-)\s*(-?\d+)")
+_INTS = re.compile(r"-?\d+")
+_STATES = {SCHEDULED, STARTED, COMPLETED}
+# Version 2.0 wrote dtypes in lower case; later versions use ScalarType names.
+_DTYPE_NAMES = {
+    "float": "Float",
+    "double": "Double",
+    "half": "Half",
+    "bfloat16": "BFloat16",
+    "int": "Int",
+    "long": "Long",
+    "short": "Short",
+    "char": "Char",
+    "byte": "Byte",
+    "bool": "Bool",
+    "complexfloat": "ComplexFloat",
+    "complexdouble": "ComplexDouble",
+}
+
+
+class DumpError(Exception):
+    """A file that cannot be read as a Flight Recorder dump; the message is one line."""
+
+
+class _BadEntry(Exception):
+    """One entry that cannot be used; it is skipped."""
+
+
+MAX_DUMP_BYTES = 1 << 30  # the largest file read as a dump by default (real ones are tens of MB)
+
+
+def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
+    """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
+    return _read(path, data, as_rows=False, max_bytes=max_bytes)
+
+
+def read_dump_rows(path: str, max_bytes: int = MAX_DUMP_BYTES) -> tuple[RankDump, list[tuple[Any, ...]]]:
+    """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (a plain
+    tuple, or an ``Entry``), and the dump's own list of entries is empty: cheaper to pass between
+    processes.
+    """
+    dump = _read(path, None, as_rows=True, max_bytes=max_bytes)
+    rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
+    dump.entries = []
+    return dump, rows
+
+
+def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
+    name = parse_dump_name(path)
+    if name is None:
+        raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
+    if name.rank >= MAX_RANK:
+        raise DumpError(f"rank {name.rank} (from the file name) is beyond the largest rank read, {MAX_RANK - 1}")
+    if data is None:
+        data = _read_file(path, max_bytes)
+    raw, file_format = _decode(data)
+    return normalise(
+        raw, rank=name.rank, path=path_text(path), host=path_text(name.host) if name.host else None,
+        file_format=file_format, as_rows=as_rows,
+    )  # fmt: skip
+
+
+def _read_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of a file that looks like a dump from its first bytes and is not over ``max_bytes``:
+    anything else is refused before it is read whole."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise DumpError(
+                    f"{size / 2**20:.0f} MB, over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)"
+                )
+            head = handle.read(64)
+            if head and head[:1] != b"\x80" and head.lstrip()[:1] not in (b"{", b""):
+                raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
+            rest = handle.read(max_bytes + 1 - len(head))
+            if len(head) + len(rest) > max_bytes:  # it grew while being read
+                raise DumpError(f"over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)")
+            return head + rest
+    except OSError as error:
+        raise DumpError(f"cannot read: {error.strerror or error}") from None
+
+
+def _decode(data: bytes) -> tuple[dict[str, Any], str]:
+    if not data:
+        raise DumpError("empty file")
+    head = data[:1]
+    if head == b"\x80":
+        try:
+            raw = loads_plain(data)
+        except RefusedPickle as error:
+            raise DumpError(str(error)) from None
+        except RecursionError:
+            raise DumpError("corrupt pickle: nested too deeply") from None
+        except MemoryError:
+            raise DumpError("corrupt pickle: it asks for far more memory than a dump of its size needs") from None
+        except Exception as error:
+            raise DumpError(f"truncated or corrupt pickle ({type(error).__name__}: {_short(error)})") from None
+        file_format = "pickle"
+    elif data.lstrip()[:1] == b"{":
+        try:
+            raw = json.loads(data)
+        except RecursionError:
+            raise DumpError("corrupt JSON: nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise DumpError(f"truncated or corrupt JSON ({_short(error)})") from None
+        file_format = "json"
+    else:
+        raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
+    if not isinstance(raw, dict):
+        raise DumpError(f"not a Flight Recorder dump (top level is a {type(raw).__name__}, not a dict)")
+    return raw, file_format
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text[:120]
+
+
+def normalise(
+    raw: dict[str, Any],
+    *,
+    rank: int,
+    path: str,
+    host: str | None,
+    file_format: str,
+    as_rows: bool = False,
+) -> RankDump:
+    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``.
+
+    With ``as_rows``, entries read on the fast path stay plain tuples of ``Entry``'s fields.
+    """
+    if "version" not in raw:
+        raise DumpError("not a Flight Recorder dump (no 'version' key)")
+    version = raw["version"]
+    if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
+        raise DumpError(f"unknown dump version {version!r}")
+    major = int(version.split(".")[0])
+    if major not in SUPPORTED_MAJOR_VERSIONS:
+        raise DumpError(f"unknown dump version {version} (fr2perfetto reads 1.x and 2.x)")
+    raw_entries = raw.get("entries", [])
+    if raw_entries is None:
+        raw_entries = []
+    if not isinstance(raw_entries, list):
+        raise DumpError(f"'entries' is a {type(raw_entries).__name__}, not a list")
+
+    pg_config = _read_pg_config(raw.get("pg_config"), major)
+    comm_lib = raw.get("comm_lib_version", raw.get("nccl_version", raw.get("xccl_version", "")))
+    caches = _Caches()
+    entries: list[Entry] = []
+    skipped = 0
+    first_reason = ""
+    read_rows = _speedups.read_rows if _speedups is not None and major == 2 else None
+    index, count = 0, len(raw_entries)
+    while index < count:
+        if read_rows is not None:
+            # C reads the run of entries whose repeating fields are cached, as _read_entry_fast would
+            index = read_rows(
+                raw_entries, index, rank, _FAST_KEYS, caches.shapes, caches.sizes, caches.dtypes,
+                caches.frame_tuples, None if as_rows else Entry, entries,
+            )  # fmt: skip
+            if index >= count:
+                break
+        item = raw_entries[index]
+        index += 1
+        try:
+            row = _read_entry_fast(item, rank, caches) if major == 2 else None
+            if row is not None:
+                entries.append(row if as_rows else _new_tuple(Entry, row))
+                continue
+            entry = _read_entry(item, rank, major, pg_config, caches)
+            if major == 2:
+                _remember_shape(item, entry, caches)
+            entries.append(entry)
+        except _BadEntry as error:
+            skipped += 1
+            first_reason = first_reason or f"entry {index - 1}: {error}"
+    if raw_entries and not entries:
+        raise DumpError(f"no usable entry ({first_reason})")
+    return RankDump(
+        rank=rank,
+        path=path,
+        host=host,
+        version=version,
+        file_format=file_format,
+        comm_lib_version=comm_lib if isinstance(comm_lib, str) else "",
+        entries=entries,
+        pg_config=pg_config,
+        pg_status=_read_pg_status(raw.get("pg_status")),
+        skipped_entries=skipped,
+        skipped_reason=first_reason,
+        time_range=time_range(entries),
+        group_counts=group_counts(entries),
+    )
+
+
+def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
+    """Read ``pg_config``; entries that make no sense (gloo's ``""`` with ``"[]"``) are dropped."""
+    config: dict[str, GroupConfig] = {}
+    if not isinstance(value, dict):
+        return config
+    for key, info in value.items():
+        if isinstance(info, dict):  # 2.x: {name: {"name", "desc", "ranks"}}
+            name = info.get("name", key)
+            desc = info.get("desc", "")
+            ranks = _parse_ranks(info.get("ranks"))
+        elif isinstance(info, (list, tuple)):  # 1.x: {pg_id: [ranks]}
+            name, desc, ranks = key, "", _parse_ranks(list(info))
+        else:
+            continue
+        name = name if isinstance(name, str) else str(name) if type(name) is int and abs(name) < 2**63 else ""
+        if name == "":
+            continue  # gloo registers groups under "" with wrong or empty ranks
+        name = safe_text(name)
+        key = safe_text(key) if isinstance(key, str) else str(key) if type(key) is int and abs(key) < 2**63 else name
+        config[key if major == 1 else name] = GroupConfig(name, safe_text(desc) if isinstance(desc, str) else "", ranks)
+    return config
+
+
+def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """``"[0, 1]"`` or ``[0, 1]`` to a sorted tuple; None when absent, empty or not ranks."""
+    if isinstance(value, str):
+        numbers = [int(x) for x in _INTS.findall(value)]
+    elif isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
+        numbers = list(value)
+    else:
+        return None
+    if not numbers or any(n < 0 or n >= MAX_RANK for n in numbers):
+        return None  # not ranks (or not ranks of a job anyone runs): the members used it tell instead
+    return tuple(sorted(set(numbers)))
+
+
+def _read_pg_status(value: Any) -> dict[str, tuple[int, int, int]]:
+    status: dict[str, tuple[int, int, int]] = {}
+    if not isinstance(value, dict):
+        return status
+    for key, info in value.items():
+        if not isinstance(info, dict):
+            continue
+        try:
+            values = tuple(
+                int(info.get(k, -1))
+                for k in ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+            )
+        except (TypeError, ValueError, OverflowError):
+            continue
+        status[safe_text(key) if isinstance(key, str) else str(key)] = values  # type: ignore[assignment]
+    return status
+
+
+def _int(item: dict[str, Any], key: str, default: int | None = None, *, low: int = -1) -> int:
+    value = item.get(key, default)
+    if value is None and default is not None:
+        value = default
+    if type(value) is not int:  # bool is an int subclass; it is not a number here
+        if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
+            value = int(value)
+        else:
+            raise _BadEntry(f"{key} is {_describe(value)}, not an integer")
+    if not low <= value <= _INT64_MAX:
+        raise _BadEntry(f"{key} is {value}, out of range")
+    return value
+
+
+def _optional_time(item: dict[str, Any], key: str) -> int | None:
+    value = item.get(key)
+    if value is None or value == 0:  # JSON writes 0 for "unknown"
+        return None
+    return _int(item, key, low=1)
+
+
+def _describe(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__}"
+
+
+def _str(item: dict[str, Any], key: str, default: str = "") -> str:
+    value = item.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return safe_text(value)
+    if type(value) is int and abs(value) <= _INT64_MAX:  # thread ids have been written as numbers
+        return str(value)
+    raise _BadEntry(f"{key} is {_describe(value)}, not a string")
+
+
+def _sizes(item: dict[str, Any], key: str) -> tuple[tuple[int, ...], ...]:
+    value = item.get(key) or []
+    if not isinstance(value, (list, tuple)):
+        raise _BadEntry(f"{key} is {_describe(value)}, not a list")
+    out = []
+    for dims in value:
+        if not isinstance(dims, (list, tuple)) or not all(type(d) is int and -1 <= d <= _INT64_MAX for d in dims):
+            raise _BadEntry(f"{key} holds {_describe(dims)}, not a list of sizes")
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def _dtypes(item: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = item.get(key) or []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(d, str) for d in value):
+        raise _BadEntry(f"{key} is not a list of dtype names")
+    return tuple(_DTYPE_NAMES.get(d, safe_text(d)) for d in value)
+
+
+def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
+    if not value:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _BadEntry(f"frames is {_describe(value)}, not a list")
+    # PyTorch's pickler writes each distinct frame dict once; entries with the same stack share a tuple.
+    ids = tuple(map(id, value))
+    shared = caches.frame_tuples.get(ids)
+    if shared is not None:
+        return shared
+    cache = caches.frames
+    frames = []
+    for raw in value:
+        # PyTorch's pickler shares one dict per distinct frame; reuse one Frame for it.
+        frame = cache.get(id(raw))
+        if frame is None:
+            if not isinstance(raw, dict):
+                raise _BadEntry("a frame is not a dict")
+            line = raw.get("line", 0)
+            name, filename = raw.get("name"), raw.get("filename")
+            frame = Frame(
+                name=safe_text(name) if isinstance(name, str) else "?",
+                filename=safe_text(filename) if isinstance(filename, str) else "?",
+                line=line if type(line) is int and 0 <= line <= _INT64_MAX else 0,
+            )
+            cache[id(raw)] = frame
+        frames.append(frame)
+    shared = caches.frame_tuples[ids] = tuple(frames)
+    return shared
+
+
+def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
+    """``nccl:send 1->0`` to (``nccl``, ``send``, (1, 0)); ``nccl:recv 0<-1`` to (.., ``recv``, (1, 0))."""
+    name = safe_text(name)
+    backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
+    op, _, meta = rest.strip().partition(" ")
+    peers = None
+    match = _P2P_PEERS.search(meta)
+    if match:
+        a, arrow, b = int(match.group(1)), match.group(2), int(match.group(3))
+        if 0 <= a < MAX_RANK and 0 <= b < MAX_RANK:
+            peers = (a, b) if arrow == "->" else (b, a)
+    return backend, op or "?", peers
+
+
+class _Caches:
+    """Per-file caches: ops, groups, sizes and dtypes repeat from entry to entry; check each once."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, Frame] = {}
+        self.frame_tuples: dict[tuple[int, ...], tuple[Frame, ...]] = {}
+        self.names: dict[str, tuple[str, str, tuple[int, int] | None]] = {}
+        self.groups: dict[tuple[object, ...], tuple[str, str]] = {}
+        self.sizes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
+        self.dtypes: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self.shapes: dict[tuple[object, ...], tuple[object, ...]] = {}
+
+
+def _checked_once(
+    item: dict[str, Any], key: str, cache: dict[Any, Any], as_key: Callable[[Any], Any], check: Callable[..., Any]
+) -> Any:
+    """``check(item, key)``, done once per distinct value in a file; a value it rejects always raises."""
+    value = item.get(key)
+    try:
+        cache_key = as_key(value) if value else ()
+        known = cache.get(cache_key)
+    except TypeError:  # not even hashable: let the full check say what is wrong
+        return check(item, key)
+    if known is None:
+        known = cache[cache_key] = check(item, key)
+    return known
+
+
+def _tuple_of_tuples(value: Any) -> tuple[Any, ...]:
+    return tuple(map(tuple, value))
+
+
+def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConfig], caches: _Caches) -> Entry:
+    if type(item) is not dict:
+        raise _BadEntry(f"is {_describe(item)}, not a dict")
+    get = item.get
+    profiling_name = get("profiling_name")
+    parsed = caches.names.get(profiling_name) if type(profiling_name) is str else None
+    if parsed is None:
+        profiling_name = _str(item, "profiling_name")
+        if not profiling_name:
+            raise _BadEntry("has no profiling_name")
+        parsed = caches.names[profiling_name] = _split_profiling_name(profiling_name)
+    backend, op, peers = parsed
+    pg_id = get("pg_id", 0)
+    if type(pg_id) is not int or not 0 <= pg_id <= _INT64_MAX:
+        pg_id = _int(item, "pg_id", 0)
+    group = get("process_group")
+    group_key = tuple(group) if type(group) in (list, tuple) else group
+    try:
+        names = caches.groups.get(group_key)  # type: ignore[arg-type]
+    except TypeError:
+        names = None
+    if names is None:
+        if isinstance(group, (list, tuple)) and len(group) >= 1 and all(isinstance(x, str) for x in group[:2]):
+            names = (safe_text(group[0]), safe_text(group[1]) if len(group) > 1 else "")
+        elif group is None and major == 1:
+            names = (str(pg_id), "")
+        else:
+            raise _BadEntry(f"process_group is {_describe(group)}, not (name, desc)")
+        if group is not None:
+            caches.groups[group_key] = names  # type: ignore[index]
+    group_name, group_desc = names
+    if major == 1 and group_name not in pg_config and str(pg_id) in pg_config:
+        group_name = str(pg_id)
+    collective_seq = get("collective_seq_id")
+    if type(collective_seq) is int and 0 <= collective_seq <= _INT64_MAX:
+        p2p_seq = get("p2p_seq_id", 0)
+        if type(p2p_seq) is not int or not 0 <= p2p_seq <= _INT64_MAX:
+            p2p_seq = _int(item, "p2p_seq_id", 0, low=0)
+    elif "collective_seq_id" in item:
+        collective_seq = _int(item, "collective_seq_id", low=0)
+        p2p_seq = _int(item, "p2p_seq_id", 0, low=0)
+    else:
+        seq = _int(item, "seq_id", low=0)
+        collective_seq, p2p_seq = seq, (seq if peers else 0)
+    is_p2p = get("is_p2p")
+    if type(is_p2p) is not bool:
+        is_p2p = peers is not None or op in ("send", "recv")
+    started = get("time_discovered_started_ns")
+    if started is not None and (type(started) is not int or not 0 < started <= _INT64_MAX):
+        started = _optional_time(item, "time_discovered_started_ns")
+    completed = get("time_discovered_completed_ns")
+    if completed is not None and (type(completed) is not int or not 0 < completed <= _INT64_MAX):
+        completed = _optional_time(item, "time_discovered_completed_ns")
+    state = get("state")
+    if type(state) is not str or state not in _STATES:
+        state = COMPLETED if completed else STARTED if started else SCHEDULED
+    duration = get("duration_ms")
+    if duration is not None and not (type(duration) in (int, float) and math.isfinite(duration)):
+        duration = None
+    timeout = get("timeout_ms")
+    if not (type(timeout) is int and 0 <= timeout <= _INT64_MAX):
+        timeout = None
+    retired = get("retired")
+    created = get("time_created_ns")
+    if type(created) is not int or not 0 <= created <= _INT64_MAX:
+        created = _int(item, "time_created_ns", low=0)
+    record_id = get("record_id", 0)
+    if type(record_id) is not int or not 0 <= record_id <= _INT64_MAX:
+        record_id = _int(item, "record_id", 0, low=0)
+    op_id = get("op_id", 0)
+    if type(op_id) is not int or not 0 <= op_id <= _INT64_MAX:
+        op_id = _int(item, "op_id", 0, low=0)
+    thread_id = get("thread_id", "")
+    thread_id = safe_text(thread_id) if type(thread_id) is str else _str(item, "thread_id")
+    thread_name = get("thread_name", "")
+    thread_name = safe_text(thread_name) if type(thread_name) is str else _str(item, "thread_name")
+    return Entry(
+        rank,
+        group_name,
+        group_desc,
+        pg_id,
+        record_id,
+        collective_seq,
+        p2p_seq,
+        op_id,
+        backend,
+        op,
+        peers,
+        is_p2p,
+        _checked_once(item, "input_sizes", caches.sizes, _tuple_of_tuples, _sizes),
+        _checked_once(item, "output_sizes", caches.sizes, _tuple_of_tuples, _sizes),
+        _checked_once(item, "input_dtypes", caches.dtypes, tuple, _dtypes),
+        _checked_once(item, "output_dtypes", caches.dtypes, tuple, _dtypes),
+        state,
+        retired if type(retired) is bool else state == COMPLETED,
+        created,
+        started or None,
+        completed or None,
+        float(duration) if duration is not None else None,
+        timeout,
+        thread_id,
+        thread_name,
+        _frames(get("frames"), caches),
+    )
+
+
+_new_tuple = tuple.__new__
+
+# The keys every 2.x entry has, fetched in one call.
+_FAST_KEYS = (
+    "record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms",
+    "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames",
+    "profiling_name", "process_group", "state", "retired", "is_p2p", "timeout_ms", "thread_id", "thread_name",
+)  # fmt: skip
+_fast_values = operator.itemgetter(*_FAST_KEYS)
+_SHAPE_KEYS = slice(14, None)  # the fields an entry shares with most others of its rank
+
+
+def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> tuple[Any, ...] | None:
+    """A 2.x entry with every key and the types PyTorch writes, read in one pass into a row of
+    ``Entry``'s fields (a plain tuple); None: read it in full.
+
+    The fields that repeat from entry to entry (op, group, state, thread...) are checked once per
+    distinct combination, by ``_read_entry`` itself, so both paths always agree.
+    """
+    try:
+        values = _fast_values(item)
+    except (KeyError, TypeError):
+        return None
+    record_id, pg_id, cseq, pseq, op_id, created, started, completed, duration = values[:9]
+    if not (
+        type(record_id) is int and type(pg_id) is int and type(cseq) is int and type(pseq) is int
+        and type(op_id) is int and type(created) is int
+        and 0 <= record_id <= _INT64_MAX and 0 <= pg_id <= _INT64_MAX and 0 <= cseq <= _INT64_MAX
+        and 0 <= pseq <= _INT64_MAX and 0 <= op_id <= _INT64_MAX and 0 <= created <= _INT64_MAX
+    ):  # fmt: skip
+        return None
+    if started is not None and not (type(started) is int and 0 <= started <= _INT64_MAX):
+        return None
+    if completed is not None and not (type(completed) is int and 0 <= completed <= _INT64_MAX):
+        return None
+    if duration is not None and not (type(duration) is float and math.isfinite(duration)):
+        return None
+    for container in values[9:13]:
+        if type(container) is not list and type(container) is not tuple:
+            return None
+    # True == 1 as a dict key: only the exact types PyTorch writes may share a remembered shape.
+    retired, is_p2p, timeout, thread_id, thread_name = values[17:22]
+    if not (
+        type(retired) is bool and type(is_p2p) is bool and type(timeout) is int
+        and type(thread_id) is str and type(thread_name) is str
+    ):  # fmt: skip
+        return None
+    shape_key = values[_SHAPE_KEYS]
+    try:
+        shape = caches.shapes.get(shape_key)
+        sizes_in = caches.sizes.get(_tuple_of_tuples(values[9]))
+        sizes_out = caches.sizes.get(_tuple_of_tuples(values[10]))
+        dtypes_in = caches.dtypes.get(tuple(values[11]))
+        dtypes_out = caches.dtypes.get(tuple(values[12]))
+    except TypeError:  # a list where PyTorch writes a tuple, or a number where a list belongs
+        return None
+    if shape is None or sizes_in is None or sizes_out is None or dtypes_in is None or dtypes_out is None:
+        return None  # first of its kind: the full read checks it and fills the caches
+    return (
+        rank, shape[0], shape[1], pg_id, record_id, cseq, pseq, op_id, shape[2], shape[3], shape[4], shape[5],
+        sizes_in, sizes_out, dtypes_in, dtypes_out, shape[6], shape[7], created, started or None, completed or None,
+        duration, shape[8], shape[9], shape[10], _frames(values[13], caches), None,
+    )  # fmt: skip
+
+
+def _remember_shape(item: dict[str, Any], entry: Entry, caches: _Caches) -> None:
+    """After a full read of a 2.x entry: let entries that share its repeating fields take the fast path."""
+    try:
+        values = _fast_values(item)
+        if type(values[16]) is not str or values[16] not in _STATES:
+            return  # its state is inferred from its times, which differ from entry to entry
+        caches.shapes[values[_SHAPE_KEYS]] = (
+            entry.group_name, entry.group_desc, entry.backend, entry.op, entry.p2p_local, entry.is_p2p,
+            entry.state, entry.retired, entry.timeout_ms, entry.thread_id, entry.thread_name,
+        )  # fmt: skip
+    except (KeyError, TypeError):
+        pass

@@ -1,1 +1,0 @@
-"""One module per output format; each writes a ``Timeline`` it is given and nothing else."""
