@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, start_rank, stop_ranks
+from .helpers import count_lines as _count_lines
 from .test_hostile import _dump, _entry
 from .tracecheck import read_trace
 
@@ -291,24 +292,6 @@ def test_a_list_that_grows_after_it_is_shared_is_refused(tmp_path: Path):
 
 
 # ---- work in proportion to the input -----------------------------------------------------------
-
-
-def _count_lines(function: Any, *args: Any) -> int:
-    """How many lines of Python ``function`` runs on ``args``: the work, counted."""
-    count = 0
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal count
-        if event == "line":
-            count += 1
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        function(*args)
-    finally:
-        sys.settrace(None)
-    return count
 
 
 def _ratio(work: Any, small: Any, large: Any) -> float:

@@ -23,10 +23,11 @@ from fr2perfetto.render import perfetto as perfetto_writer
 from fr2perfetto.render.perfetto import PerfettoWriter
 
 from .conftest import run_cli
+from .helpers import NOW
+from .helpers import make_entry as _entry
 from .tracecheck import read_trace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint like every real timestamp
 
 
 def test_the_speedups_are_built():
@@ -63,18 +64,6 @@ def test_samples_read_match_and_convert_the_same_with_and_without_speedups(
     assert fast_report == pure_report and json.loads(fast_report)["findings"]
     trace = read_trace(str(tmp_path / "fast.pftrace"))
     assert len(trace.all_slices()) >= 5 and trace.flows
-
-
-def _entry(**fields: object) -> Entry:
-    base = dict(
-        rank=0, group_name="0", group_desc="default_pg", pg_id=0, record_id=7, collective_seq=1, p2p_seq=0,
-        op_id=7, backend="nccl", op="all_reduce", p2p_local=None, is_p2p=False, input_sizes=((4,),),
-        output_sizes=((4,),), input_dtypes=("Float",), output_dtypes=("Float",), state="completed",
-        retired=True, time_created_ns=NOW, time_started_ns=NOW + 10, time_completed_ns=NOW + 90,
-        duration_ms=0.08, timeout_ms=600000, thread_id="12", thread_name="pt_main_thread", frames=(),
-    )  # fmt: skip
-    base.update(fields)
-    return Entry(**base)  # type: ignore[arg-type]
 
 
 def _edge_slices() -> list[Slice]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import sys
 import urllib.parse
 from pathlib import Path
 
@@ -19,22 +18,12 @@ from fr2perfetto.layout.looks import QUEUED, Highlights, Looks
 from fr2perfetto.layout.streams import LAUNCH_FLOW_BASE, lay_out
 
 from .conftest import ROOT, run_cli
+from .helpers import NOW
+from .helpers import count_lines as _count_lines
+from .helpers import make_entry as _entry
 from .tracecheck import read_trace
 
 SAMPLES = sorted(p for p in (ROOT / "samples").glob("*/*") if p.is_dir())
-NOW = 1_796_000_000_000_000_000
-
-
-def _entry(**fields: object) -> Entry:
-    base = dict(
-        rank=0, group_name="0", group_desc="default_pg", pg_id=0, record_id=7, collective_seq=1, p2p_seq=0,
-        op_id=7, backend="nccl", op="all_reduce", p2p_local=None, is_p2p=False, input_sizes=((4,),),
-        output_sizes=((4,),), input_dtypes=("Float",), output_dtypes=("Float",), state="completed",
-        retired=True, time_created_ns=NOW, time_started_ns=NOW + 10, time_completed_ns=NOW + 90,
-        duration_ms=0.08, timeout_ms=600000, thread_id="12", thread_name="pt_main_thread", frames=(),
-    )  # fmt: skip
-    base.update(fields)
-    return Entry(**base)  # type: ignore[arg-type]
 
 
 def _partial_overlaps(spans: list[tuple[int, int]]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -184,24 +173,6 @@ def test_layout_of_a_held_stream():
     ((_, enqueues),) = layout.enqueues.items()
     assert [e.start for e in enqueues] == [NOW + 1000 * seq for seq in range(1, 5)]
     assert [e.flows for e in enqueues] == [s.flows for s in sorted(stream.slices, key=lambda s: s.start) if s.flows]
-
-
-def _count_lines(function: object, *args: object) -> int:
-    """How many lines of Python ``function`` runs: the work, counted, not timed."""
-    count = 0
-
-    def tracer(frame: object, event: str, arg: object) -> object:
-        nonlocal count
-        if event == "line":
-            count += 1
-        return tracer
-
-    sys.settrace(tracer)  # type: ignore[arg-type]
-    try:
-        function(*args)  # type: ignore[operator]
-    finally:
-        sys.settrace(None)
-    return count
 
 
 def test_layout_work_grows_with_the_ops_not_their_square():
