@@ -76,6 +76,8 @@ def _warning(message: str) -> None:
 
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
+# What a shell reports for a command ended by SIGPIPE (128 + 13), as `git log | head` ends
+EXIT_READER_LEFT = 141
 
 # Set by ``main``, which ends the process with os._exit: what the commands read stays here rather
 # than being freed object by object when they return (half a second for 256 ranks x 2000 entries).
@@ -606,6 +608,11 @@ def _stopped(signum: int, _frame: object) -> None:
 class _OutputFailed(Exception):
     """Standard output could not be written: a full disk, a pipe closed by its reader."""
 
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        # `fr2perfetto analyze dumps | head` is not a failure worth a line: the reader has what it wanted
+        self.reader_left = isinstance(error, BrokenPipeError)
+
 
 class _Guarded:
     """Standard output (text or its binary ``buffer``) whose write failures end the command in one line,
@@ -618,13 +625,13 @@ class _Guarded:
         try:
             return self._stream.write(data)  # type: ignore[no-any-return]
         except OSError as error:
-            raise _OutputFailed(error.strerror or str(error)) from None
+            raise _OutputFailed(error) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except OSError as error:
-            raise _OutputFailed(error.strerror or str(error)) from None
+            raise _OutputFailed(error) from None
 
     @property
     def buffer(self) -> _Guarded:
@@ -676,8 +683,11 @@ def main() -> None:
             code = _usage_error(error)
         sys.stdout.flush()
     except _OutputFailed as failed:
-        _error(f"cannot write to standard output ({failed})")
-        code = EXIT_UNUSABLE
+        if failed.reader_left:
+            code = EXIT_READER_LEFT
+        else:
+            _error(f"cannot write to standard output ({failed})")
+            code = EXIT_UNUSABLE
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     os._exit(code)

@@ -387,6 +387,18 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_2():
         assert "cannot write to standard output" in one_line_error(done)
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    # `fr2perfetto analyze dumps | head -3`: the reader got what it wanted, nothing to report
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "wb") as closed:
+        done = subprocess.run([sys.executable, "-m", "fr2perfetto", "analyze", str(DEMO)], stdout=closed,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              timeout=HANG_GUARD)  # fmt: skip
+    assert done.stderr == b""
+    assert done.returncode == 141
+
+
 @pytest.mark.parametrize(
     "args, why",
     [
