@@ -126,6 +126,34 @@ def culprit_frames(evidence: Evidence, rank: int) -> tuple[Frame, ...]:
     return ()
 
 
+def _op_finding(
+    context: _Context,
+    kind: str,
+    op: MatchedOp,
+    *,
+    ranks: tuple[int, ...],
+    culprits: tuple[int, ...],
+    lines: list[str],
+    summary: str,
+    name: str = "",
+) -> Finding:
+    """A finding about one matched op (named ``name`` when not the op's own): where and when it is, and the
+    first culprit's stack, if it has one."""
+    return Finding(
+        kind=kind,
+        group=op.group,
+        seq=op.seq,
+        op=name or op.name,
+        ranks=ranks,
+        culprit_ranks=culprits,
+        evidence=lines,
+        summary=summary,
+        time_ns=op.first_time_ns,
+        culprit_frames=culprit_frames(context.evidence, culprits[0]) if culprits else (),
+        op_keys=(op.op_key,),
+    )
+
+
 def culprit_stacks(
     evidence: Evidence, finding: Finding, ops_by_key: dict[int, MatchedOp]
 ) -> tuple[tuple[tuple[int, ...], tuple[Frame, ...]], ...]:
@@ -208,18 +236,14 @@ def rule_missing(context: _Context) -> list[Finding]:
         if later:
             lines.append(f"{later} later ops of this group are unmatched too (a consequence).")
         findings.append(
-            Finding(
-                kind=KIND_MISSING,
-                group=op.group,
-                seq=op.seq,
-                op=op.name,
+            _op_finding(
+                context,
+                KIND_MISSING,
+                op,
                 ranks=op.group.members,
-                culprit_ranks=culprits,
-                evidence=lines,
+                culprits=culprits,
+                lines=lines,
                 summary=f"{ranks_text(op.missing)} never issued {where(op)}; {verb(issued, 'waits', 'wait')} in it",
-                time_ns=op.first_time_ns,
-                culprit_frames=culprit_frames(evidence, culprits[0]) if culprits else (),
-                op_keys=(op.op_key,),
             )
         )
     return findings
@@ -293,18 +317,14 @@ def rule_mismatch(context: _Context) -> list[Finding]:
             f"{verb(culprits, 'disagrees', 'disagree')} with the rest" if culprits else "undecided which side is wrong"
         )
         findings.append(
-            Finding(
-                kind=kind,
-                group=op.group,
-                seq=op.seq,
-                op=op.name,
+            _op_finding(
+                context,
+                kind,
+                op,
                 ranks=tuple(sorted(op.entries)),
-                culprit_ranks=culprits,
-                evidence=lines,
+                culprits=culprits,
+                lines=lines,
                 summary=f"{what} differ in {where(op)}: {blame}",
-                time_ns=op.first_time_ns,
-                culprit_frames=culprit_frames(evidence, culprits[0]) if culprits else (),
-                op_keys=(op.op_key,),
             )
         )
     return findings
@@ -327,17 +347,14 @@ def rule_stuck(context: _Context) -> list[Finding]:
         ]
         lines += _queued_line(context, [r for r in op.entries if evidence.blocked_in.get(r) is op])
         findings.append(
-            Finding(
-                kind=KIND_STUCK,
-                group=op.group,
-                seq=op.seq,
-                op=op.name,
+            _op_finding(
+                context,
+                KIND_STUCK,
+                op,
                 ranks=op.group.members,
-                culprit_ranks=(),
-                evidence=lines,
+                culprits=(),
+                lines=lines,
                 summary=f"{where(op)} is stuck on every rank (GPU/NCCL/network hang)",
-                time_ns=op.first_time_ns,
-                op_keys=(op.op_key,),
             )
         )
     return findings
@@ -380,18 +397,14 @@ def rule_not_started(context: _Context) -> list[Finding]:
             + f"; {verb(started, 'waits', 'wait')} in it"
         )
         findings.append(
-            Finding(
-                kind=KIND_NOT_STARTED,
-                group=op.group,
-                seq=op.seq,
-                op=op.name,
+            _op_finding(
+                context,
+                KIND_NOT_STARTED,
+                op,
                 ranks=tuple(sorted(op.entries)),
-                culprit_ranks=tuple(culprits),
-                evidence=lines,
+                culprits=tuple(culprits),
+                lines=lines,
                 summary=summary,
-                time_ns=op.first_time_ns,
-                culprit_frames=culprit_frames(evidence, culprits[0]) if culprits else (),
-                op_keys=(op.op_key,),
             )
         )
     return findings
@@ -422,18 +435,15 @@ def rule_p2p(context: _Context) -> list[Finding]:
         for rank in absent:
             lines.append(_absent_line(context, rank, culprits))
         findings.append(
-            Finding(
-                kind=KIND_P2P,
-                group=op.group,
-                seq=op.seq,
-                op=mine,
+            _op_finding(
+                context,
+                KIND_P2P,
+                op,
+                name=mine,
                 ranks=(src, dst),
-                culprit_ranks=culprits,
-                evidence=lines,
+                culprits=culprits,
+                lines=lines,
                 summary=f"{mine} {src}->{dst} #{op.seq} has no matching {other} on rank {absent[0]}",
-                time_ns=op.first_time_ns,
-                culprit_frames=culprit_frames(evidence, culprits[0]) if culprits else (),
-                op_keys=(op.op_key,),
             )
         )
     return findings
@@ -470,18 +480,15 @@ def rule_no_dump(context: _Context) -> list[Finding]:
         ]
         culprits = tuple(r for r in dumpless if r in blame.culprits)
         findings.append(
-            Finding(
-                kind=KIND_NO_DUMP,
-                group=op.group,
-                seq=op.seq,
-                op=op.name,
+            _op_finding(
+                context,
+                KIND_NO_DUMP,
+                op,
                 ranks=(*dumpless, *waiting),
-                culprit_ranks=culprits,
-                evidence=lines,
+                culprits=culprits,
+                lines=lines,
                 summary=f"{ranks_text(dumpless)} left no dump and {verb(waiting, 'waits', 'wait')} for "
                 + ("it" if len(dumpless) == 1 else "them"),
-                time_ns=op.first_time_ns,
-                op_keys=(op.op_key,),
             )
         )
     if idle:
