@@ -41,6 +41,7 @@ from ..base.model import (
     plausible_time,
 )
 from ..base.text import safe_text
+from .stacks import python_frame
 
 MAX_EVENTS_PER_KIND = 20  # of one rank
 MAX_LINE = 400  # of a line quoted
@@ -168,15 +169,8 @@ def parse_log(text: str, source: str, year_of: int | None = None, notes: list[st
 
 def _python_frame(line: str) -> str | None:
     """``File "/job/train.py", line 140, in train_step`` as ``train_step (/job/train.py:140)``."""
-    if not line.startswith('File "'):
-        return None
-    quote = line.rfind('", line ')
-    if quote < 5:
-        return None
-    number, found, name = line[quote + 8 :].partition(", in ")
-    if not found or not name or not (number.isdigit() and number.isascii() and len(number) <= 10):
-        return None
-    return f"{name} ({line[6:quote]}:{number})"
+    frame = python_frame(line, ", in ")
+    return None if frame is None else f"{frame.name} ({frame.filename}:{frame.line})"
 
 
 def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, str, int | None, str] | None:

@@ -72,20 +72,25 @@ def _section_rank(line: str) -> int | None:
     return int(digits) if digits.isdigit() and len(digits) <= 8 else None
 
 
-def _fault_frame(line: str) -> Frame | None:
-    """``  File "/job/train.py", line 140 in train_step`` (faulthandler's form)."""
-    if not line[:1].isspace():
-        return None
-    body = line.strip()
+def python_frame(body: str, before_name: str) -> Frame | None:
+    """``File "/job/train.py", line 140<before_name>train_step`` (no indent) as a frame; None: not one.
+    Python's tracebacks put ``, in `` before the name, faulthandler `` in ``."""
     if not body.startswith('File "'):
         return None
     quote = body.rfind('", line ')
     if quote < 5:
         return None
-    number, found, name = body[quote + 8 :].partition(" in ")
+    number, found, name = body[quote + 8 :].partition(before_name)
     if not found or not name.strip() or not _line_number(number):
         return None
     return Frame(safe_text(name.strip()), safe_text(body[6:quote]), int(number))
+
+
+def _fault_frame(line: str) -> Frame | None:
+    """``  File "/job/train.py", line 140 in train_step`` (faulthandler's form)."""
+    if not line[:1].isspace():
+        return None
+    return python_frame(line.strip(), " in ")
 
 
 def _spy_frame(line: str) -> Frame | None:
