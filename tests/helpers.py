@@ -1,8 +1,12 @@
-"""What several test files build: an entry as the reader makes it, and the work a function does."""
+"""What several test files need: an entry as the reader makes it, the work a function does, and a wait
+for what another process does."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable, Iterable
+from subprocess import Popen
 from typing import Any
 
 from fr2perfetto.base.model import Entry
@@ -39,3 +43,18 @@ def count_lines(function: Any, *args: Any) -> int:
     finally:
         sys.settrace(None)
     return count
+
+
+def wait_until(condition: Callable[[], object], guard: float, every: float = 0.1) -> bool:
+    """Poll ``condition`` until it holds or ``guard`` seconds (a hang guard, not a time limit) pass;
+    whether it held at the end."""
+    deadline = time.monotonic() + guard
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(every)
+    return bool(condition())
+
+
+def wait_ready(processes: Iterable[Popen[bytes]], word: bytes = b"ready") -> None:
+    """Wait until each process has printed its first line, and check that it is ``word``."""
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline().strip() == word

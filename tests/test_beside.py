@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT, nccl_layout, run_cli, start_rank, stop_ranks
+from .helpers import wait_ready, wait_until
 from .tracecheck import read_trace
 
 DEMO = ROOT / "samples" / "nccl" / "demo"  # rank 5 never issued all_reduce #4 of tp
@@ -222,18 +223,15 @@ def test_the_debug_servers_folder_of_a_real_job_names_where_the_sleeper_is(tmp_p
         ranks.append(start_rank([sys.executable, str(script), str(folder)], env,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))  # fmt: skip
     try:
-        assert ranks[1].stdout is not None and ranks[1].stdout.readline().strip() == b"sleeping"
+        wait_ready([ranks[1]], b"sleeping")
         slept_at = time.time()
-        deadline = time.monotonic() + HANG_GUARD
         # the server snapshots every rank's stacks each second: wait for two taken while rank 1 sleeps
-        while time.monotonic() < deadline and sum(1 for p in folder.glob("stacks_*.txt")
-                                                  if p.stat().st_mtime > slept_at + 1) < 2:  # fmt: skip
-            time.sleep(0.2)
+        wait_until(lambda: sum(1 for p in folder.glob("stacks_*.txt") if p.stat().st_mtime > slept_at + 1) >= 2,
+                   HANG_GUARD, every=0.2)  # fmt: skip
         for process in ranks:
             os.kill(process.pid, signal.SIGUSR1)  # the dumps, while rank 0 waits in all_reduce
         dumps = [folder / f"gloo_trace_rank_{rank}" for rank in range(2)]
-        while time.monotonic() < deadline and not all(d.exists() for d in dumps):
-            time.sleep(0.2)
+        wait_until(lambda: all(d.exists() for d in dumps), HANG_GUARD, every=0.2)
     finally:
         stop_ranks(ranks)
     names = sorted(p.name for p in folder.iterdir())

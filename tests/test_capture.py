@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT, run_cli, start_rank, stop_ranks
+from .helpers import wait_ready, wait_until
 
 pytestmark = pytest.mark.torch_job  # every test here runs a real gloo job
 
@@ -55,16 +56,12 @@ def test_sigusr1_dumps_a_rank_blocked_in_a_collective_at_once(tmp_path: Path):
     dumps = tmp_path / "dumps"
     ranks = _ranks(script, dumps, 4)
     try:
-        for process in ranks:
-            assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        wait_ready(ranks)
         time.sleep(3)  # ranks 0-2 are in the second all_reduce, which cannot complete before rank 3 wakes
         os.kill(ranks[0].pid, signal.SIGUSR1)
         dump = dumps / "gloo_trace_rank_0"
-        deadline = time.monotonic() + HANG_GUARD
-        while not dump.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
         # written while rank 0 is still blocked (for ten minutes): the dump did not wait for the collective
-        assert dump.exists() and ranks[0].poll() is None
+        assert wait_until(dump.exists, HANG_GUARD, every=0.05) and ranks[0].poll() is None
         assert (dumps / "gloo_trace_rank_0.ended").read_text() == "running\n"
     finally:
         stop_ranks(ranks)
@@ -143,16 +140,13 @@ def test_one_documented_command_dumps_every_blocked_gloo_rank_and_analyze_names_
     dumps = tmp_path / "dumps"
     ranks = _ranks(script, dumps, 4)
     try:
-        for process in ranks:
-            assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        wait_ready(ranks)
         time.sleep(2)  # ranks 0, 1 and 3 are in the second all_reduce; rank 2 sleeps in its own code
         code, stdout, stderr = run_cli("trigger", str(dumps), "--rounds", "3", "--every", "1")
         assert code == 0, stderr
         assert "Asked 4 ranks" in stdout
         names = [f"gloo_trace_rank_{rank}" for rank in range(4)]
-        deadline = time.monotonic() + HANG_GUARD
-        while not all((dumps / n).exists() for n in names) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: all((dumps / n).exists() for n in names), HANG_GUARD)
         assert all(p.poll() is None for p in ranks)  # dumped while blocked: nothing ended
     finally:
         stop_ranks(ranks)

@@ -34,6 +34,7 @@ import pytest
 
 from .conftest import ROOT, start_rank, stop_ranks
 from .helpers import count_lines as _count_lines
+from .helpers import wait_ready, wait_until
 from .test_hostile import _dump, _entry
 from .tracecheck import read_trace
 
@@ -561,13 +562,10 @@ def test_a_failing_rank_wakes_only_its_own_runs_ranks_and_writes_through_no_link
     script.write_text(CAPTURE_SCRIPT)
     ranks = _start_ranks(script, folder, 3)
     try:
-        for process in ranks:
-            assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        wait_ready(ranks)
         assert ranks[0].wait(HANG_GUARD) == 1  # the exception ends it
-        deadline = time.monotonic() + HANG_GUARD
-        while not (folder / "gloo_trace_rank_1").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (folder / "gloo_trace_rank_1").exists(), "the rank of the same run was not woken"
+        woken = wait_until((folder / "gloo_trace_rank_1").exists, HANG_GUARD)
+        assert woken, "the rank of the same run was not woken"
         assert (folder / "gloo_trace_rank_1.ended").read_text() == "running\n" and ranks[1].poll() is None
         assert (folder / "gloo_trace_rank_0.ended").read_text().startswith("exception: RuntimeError: rank 0 fails")
     finally:
@@ -617,7 +615,7 @@ def test_trigger_signals_only_the_process_a_rank_file_names(tmp_path: Path):
                                stdout=subprocess.PIPE)  # fmt: skip
     stranger = subprocess.Popen(["sleep", "600"])
     try:
-        assert sleeper.stdout is not None and sleeper.stdout.readline().strip() == b"ready"
+        wait_ready([sleeper])
         host = socket.gethostname()
         mine = RankProcess(0, host, sleeper.pid, process_start(sleeper.pid) or 0, "run", int(signal.SIGUSR1))
         stale = RankProcess(1, host, stranger.pid, (process_start(stranger.pid) or 0) + 5, "run", int(signal.SIGUSR1))

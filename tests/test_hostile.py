@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT
+from .helpers import wait_until
 from .tracecheck import read_trace
 
 T0 = 1_796_000_000_000_000_000
@@ -208,9 +209,8 @@ def test_sigterm_leaves_no_file_and_no_process(tmp_path: Path):
     assert any(out.iterdir()), "the conversion never began writing"
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=HANG_GUARD)
-    deadline = time.monotonic() + HANG_GUARD  # the killed workers are reaped by the system in their time
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # the killed workers are reaped by the system in their time
+    wait_until(lambda: not any(_alive(pid) for pid in children), HANG_GUARD)
     assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr
     assert list(out.iterdir()) == []  # neither the .partial trace nor the writers' part files
     assert not [pid for pid in children if _alive(pid)]
