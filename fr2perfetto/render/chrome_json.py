@@ -91,8 +91,7 @@ class ChromeJsonWriter:
             return
         self.slices(track.uuid, track.slices)
         if track.enqueues:
-            self.stats.markers -= len(track.slices)
-            self.stats.enqueues += len(track.slices)
+            self.stats.recount_as_enqueues(len(track.slices))
 
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Slices as complete events in whole microseconds: a start rounded up, an end rounded down, so

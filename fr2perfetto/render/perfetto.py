@@ -131,6 +131,12 @@ class TraceStats:
         self.flow_ids |= other.flow_ids
         self.launches += other.launches
 
+    def recount_as_enqueues(self, instants: int) -> None:
+        """A thread's track was written: its instants, counted as markers by the slice writer (which
+        does not know what they mean), are enqueues."""
+        self.markers -= instants
+        self.enqueues += instants
+
 
 class PerfettoWriter:
     """Streams tracks and their slices to a binary file as Perfetto ``TracePacket``s.
@@ -350,8 +356,7 @@ class PerfettoWriter:
         elif track.slices:
             self.slices(track.uuid, track.slices)
         if track.enqueues:
-            self.stats.markers -= len(track.slices)
-            self.stats.enqueues += len(track.slices)
+            self.stats.recount_as_enqueues(len(track.slices))
 
     def slices(self, track_uuid: int, slices: Iterable[Slice]) -> None:
         """Write disjoint slices (and instants outside them) of one track, in time order."""
