@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .model import Group, MatchedOp, ranks_label
+from collections.abc import Sequence
+
+from .model import Finding, Frame, Group, MatchedOp, ranks_label
 from .text import shown
 
 
@@ -29,3 +31,20 @@ def lateness_track(group: Group, rank: int) -> str:
 def count(number: int, noun: str, plural: str | None = None) -> str:
     """``1 group`` / ``3 groups`` (``plural``: where adding an s is wrong)."""
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+def stacks_said_once(
+    findings: Sequence[Finding], per_finding: int
+) -> list[list[tuple[tuple[int, ...], tuple[Frame, ...], int | None]]]:
+    """For each finding, its first ``per_finding`` stacks as (ranks, frames, earlier): ``earlier`` is the
+    number (from 1) of the finding that already showed the same ranks' same stack, which a report then
+    names instead of printing it again; None where it is shown here first."""
+    first_shown: dict[tuple[tuple[int, ...], tuple[Frame, ...]], int] = {}
+    said = []
+    for number, finding in enumerate(findings, start=1):
+        stacks = []
+        for ranks, frames in finding.stacks[:per_finding]:
+            earlier = first_shown.setdefault((ranks, frames), number)
+            stacks.append((ranks, frames, earlier if earlier != number else None))
+        said.append(stacks)
+    return said

@@ -7,9 +7,9 @@ from __future__ import annotations
 import html
 
 from .. import __version__
-from ..base.model import Finding, Frame, MatchedOp, ranks_label, state_entry
+from ..base.model import Finding, MatchedOp, ranks_label, state_entry
 from ..base.text import code_block, markdown_text, shown
-from ..base.words import count, ranks_text
+from ..base.words import count, ranks_text, stacks_said_once
 from ..diagnose.verdict import KIND_STRAGGLER, Diagnosis
 from ..read.job import Job
 
@@ -48,17 +48,17 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         lines += ["", "What these dumps cannot show:", ""] + [f"- {markdown_text(line)}" for line in diagnosis.caveats]
     if diagnosis.findings:
         lines += ["", "### Findings", ""]
-    shown_stacks: dict[tuple[tuple[int, ...], tuple[Frame, ...]], int] = {}
-    for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS], start=1):
+    findings = diagnosis.findings[:MAX_FINDINGS]
+    for number, (finding, stacks) in enumerate(
+        zip(findings, stacks_said_once(findings, MAX_STACKS), strict=True), start=1
+    ):
         culprits = f" (culprit {ranks_label(finding.culprit_ranks)})" if finding.culprit_ranks else ""
         lines.append(f"{number}. **{markdown_text(finding.kind)}**{culprits}: {markdown_text(finding.summary)}")
         lines += [f"   - {markdown_text(line)}" for line in finding.evidence]
-        for ranks, frames in finding.stacks[:MAX_STACKS]:
-            earlier = shown_stacks.get((ranks, frames))
-            if earlier is not None:  # the same ranks' same stack: said once
+        for ranks, frames, earlier in stacks:
+            if earlier is not None:
                 lines.append(f"   - stack of {ranks_text(ranks)}: as in finding {earlier}")
                 continue
-            shown_stacks[(ranks, frames)] = number
             listed = [f"{f.name} ({f.filename}:{f.line})" for f in frames[:MAX_FRAMES]]
             lines += [
                 "",

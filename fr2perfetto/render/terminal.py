@@ -8,7 +8,7 @@ from rich.text import Text
 
 from ..base.model import Frame, ranks_label
 from ..base.text import shown
-from ..base.words import count, ranks_text
+from ..base.words import count, ranks_text, stacks_said_once
 from ..diagnose.verdict import HANG, HEALTHY, MISMATCH_STATUS, SLOW, Diagnosis, Finding
 from ..read.job import Job
 
@@ -49,9 +49,11 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
         console.print(Text("What these dumps cannot show:", style="bold"))
         for line in diagnosis.caveats:
             _bullet(console, line)
-    shown_stacks: dict[tuple[tuple[int, ...], tuple[Frame, ...]], int] = {}
-    for number, finding in enumerate(diagnosis.findings[:MAX_FINDINGS_SHOWN], start=1):
-        _finding(console, number, finding, shown_stacks)
+    findings = diagnosis.findings[:MAX_FINDINGS_SHOWN]
+    for number, (finding, stacks) in enumerate(
+        zip(findings, stacks_said_once(findings, MAX_STACKS_SHOWN), strict=True), start=1
+    ):
+        _finding(console, number, finding, stacks)
     hidden = len(diagnosis.findings) - MAX_FINDINGS_SHOWN
     if hidden > 0:
         console.print()
@@ -76,7 +78,7 @@ def _finding(
     console: Console,
     number: int,
     finding: Finding,
-    shown_stacks: dict[tuple[tuple[int, ...], tuple[Frame, ...]], int],
+    stacks: list[tuple[tuple[int, ...], tuple[Frame, ...], int | None]],
 ) -> None:
     console.print()
     title = Text(f"{number}. {shown(finding.kind)}", style="bold")
@@ -86,12 +88,10 @@ def _finding(
     console.print(Text(shown(finding.summary)))
     for line in finding.evidence:
         _bullet(console, line)
-    for ranks, frames in finding.stacks[:MAX_STACKS_SHOWN]:
-        earlier = shown_stacks.get((ranks, frames))
-        if earlier is not None:  # the same ranks' same stack: said once
+    for ranks, frames, earlier in stacks:
+        if earlier is not None:
             console.print(Text(f"  stack of {ranks_text(ranks)}: as in finding {earlier}", style="dim"))
             continue
-        shown_stacks[(ranks, frames)] = number
         console.print(Text(f"  stack of {ranks_text(ranks)} (innermost first):"))
         for frame in frames[:MAX_FRAMES_SHOWN]:
             console.print(Text(shown(f"    {frame.name}  {short_path(frame.filename)}:{frame.line}"), style="cyan"))
