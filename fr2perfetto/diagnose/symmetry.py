@@ -51,15 +51,10 @@ def order_cycle(evidence: Evidence, cycle: list[int]) -> tuple[list[int], list[s
                     if others
                     else f"rank {rank} issued {_name(first)} before {_name(then)}, unlike the other ranks of the cycle"
                 )
-    if not breakers:
-        odd = _odd_one_out(evidence, cycle)
-        if odd is not None:
-            rank, line = odd
-            breakers[rank] = line
-    if not breakers:
-        ahead = _went_past(evidence, cycle)
-        if ahead is not None:
-            rank, line = ahead
+    for fallback in (_odd_one_out, _went_past):  # in turn, while no rank is named
+        found = None if breakers else fallback(evidence, cycle)
+        if found is not None:
+            rank, line = found
             breakers[rank] = line
     ordered = [r for r in cycle if r in breakers] + [r for r in cycle if r not in breakers]
     return ordered, [breakers[r] for r in ordered if r in breakers]
