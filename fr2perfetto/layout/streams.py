@@ -97,7 +97,7 @@ def lay_out(
     by_group, unordered = partition(items, _CREATED)
     for group, group_items in by_group.items():
         if group in unordered:
-            group_items.sort(key=_start_on_rank)
+            group_items.sort(key=start_on_rank)
         free = (free_from or {}).get(group, 0) - offset
         _group(state, group, group_items, free)
     for instants in layout.enqueues.values():  # laid out group by group: each group's in order
@@ -129,7 +129,9 @@ def _by_group(
     return by_group, unordered
 
 
-def _start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
+def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
+    """When a rank's part in an op (an ``ops_by_rank`` item) begins: its first entry's creation,
+    or, for a rank that never issued it, when the first rank did."""
     op, entries = item
     return entries[0].time_created_ns if entries else op.first_time_ns
 

@@ -21,7 +21,7 @@ from ..read.job import Job
 from .fold import View, full_view
 from .looks import Highlights, Looks, stack_strings
 from .scene import ArgValue, RankTimeline, Slice, SliceLook, TimeSpan, Track
-from .streams import lay_out
+from .streams import lay_out, start_on_rank
 
 FINDINGS_UUID = 1
 FINDING_FLOW_BASE = 1 << 48  # flow ids of findings, far above those of ops (their op keys)
@@ -68,13 +68,6 @@ def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int
             if ranks is None or rank in ranks:
                 index.setdefault(rank, []).append((op, []))
     return index
-
-
-def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
-    """When a rank's part in an op (an ``ops_by_rank`` item) begins: its first entry's creation,
-    or, for a rank that never issued it, when the first rank did."""
-    op, entries = item
-    return entries[0].time_created_ns if entries else op.first_time_ns
 
 
 def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
