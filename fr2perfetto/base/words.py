@@ -8,9 +8,14 @@ from .model import Finding, Frame, Group, MatchedOp, ranks_label
 from .text import shown
 
 
+def group_called(group: Group) -> str:
+    """What a group is called in words: its description (``tp``), else ``pg 3``."""
+    return group.desc or "pg " + group.name
+
+
 def where(op: MatchedOp) -> str:
     """``all_reduce #4 of default_pg (pg 0, 4 ranks)``."""
-    return f"{op.title} of {op.group.desc or 'pg ' + op.group.name} (pg {op.group.name}, {len(op.group.members)} ranks)"
+    return f"{op.title} of {group_called(op.group)} (pg {op.group.name}, {len(op.group.members)} ranks)"
 
 
 def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
@@ -25,7 +30,7 @@ def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
 
 def lateness_track(group: Group, rank: int) -> str:
     """The name of a rank's lateness counter in a group, in the trace: one the deep link can pin by."""
-    return shown(f"enqueue lateness · {group.desc or 'pg ' + group.name} (pg {group.name}) · rank {rank}")
+    return shown(f"enqueue lateness · {group_called(group)} (pg {group.name}) · rank {rank}")
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from ..base.model import Finding
-from ..base.words import lateness_track
+from ..base.words import group_called, lateness_track
 from ..read.job import Job
 from .beside import KIND_CRASH, KIND_STUCK_CPU
 from .verdict import HEALTHY, KIND_STRAGGLER, KIND_STUCK, SLOW, Diagnosis
@@ -49,7 +49,7 @@ def _for_finding(job: Job, finding: Finding) -> list[str]:
     """What the first finding asks for: where the culprit is, the group to look at, or what to compare."""
     steps: list[str] = []
     group = finding.group
-    group_name = f"{group.desc or 'pg ' + group.name} (pg {group.name}, ranks {group.members_label})" if group else ""
+    group_name = f"{group_called(group)} (pg {group.name}, ranks {group.members_label})" if group else ""
     if finding.kind == KIND_STRAGGLER and finding.culprit_ranks:
         rank = finding.culprit_ranks[0]
         steps.append(

@@ -14,6 +14,7 @@ from collections import Counter
 from itertools import combinations
 
 from ..base.model import Entry, Group, MatchedOp
+from ..base.words import group_called
 from .evidence import Evidence
 
 SKEW_MARGIN_NS = 50_000_000  # how much later counts as "went on", once clocks are aligned
@@ -181,7 +182,7 @@ def _entry_key(evidence: Evidence, rank: int, entry: Entry) -> OpKey | None:
 
 
 def _name(op: MatchedOp) -> str:
-    return f"{op.group.desc or 'pg ' + op.group.name}'s {op.title}"
+    return f"{group_called(op.group)}'s {op.title}"
 
 
 def _entry_name(evidence: Evidence, rank: int, entry: Entry) -> str:
@@ -189,8 +190,8 @@ def _entry_name(evidence: Evidence, rank: int, entry: Entry) -> str:
     group = evidence.job.group_of[(rank, entry.group_name)]
     for op in evidence.ops:
         if op.group is group and any(e is entry for e in op.entries.get(rank, ())):
-            return f"{group.desc or 'pg ' + group.name}'s {op.title_as(entry.op)}"
-    return f"{group.desc or 'pg ' + group.name}'s {entry.op} #{entry.p2p_seq if entry.is_p2p else entry.collective_seq}"
+            return f"{group_called(group)}'s {op.title_as(entry.op)}"
+    return f"{group_called(group)}'s {entry.op} #{entry.p2p_seq if entry.is_p2p else entry.collective_seq}"
 
 
 def _issued(evidence: Evidence, wanted: set[OpKey], ranks: list[int] | None = None) -> dict[int, dict[OpKey, int]]:

@@ -25,7 +25,7 @@ from ..base.model import (
     inner_entries,
     state_entry,
 )
-from ..base.words import lateness_track, ranks_text, verb, where
+from ..base.words import group_called, lateness_track, ranks_text, verb, where
 from ..match.arguments import recorded_sizes
 from ..match.ops import NO_COMPLETION_BACKENDS
 from ..read.job import Job
@@ -109,7 +109,7 @@ def last_op_text(evidence: Evidence, rank: int) -> str:
     last = dump.entries[-1]
     group = evidence.job.group_of[(rank, last.group_name)]
     seq = last.p2p_seq if last.is_p2p else last.collective_seq
-    name = f"{last.op} #{seq} of {group.desc or 'pg ' + group.name} (pg {group.name})"
+    name = f"{last.op} #{seq} of {group_called(group)} (pg {group.name})"
     if last.backend in NO_COMPLETION_BACKENDS:  # its state never moves past scheduled: it says nothing
         return f"rank {rank}'s last op recorded: {name}, state unknown: {last.backend} records no completion"
     return f"rank {rank}'s last op: {name}, {state_entry([last]).state}"
@@ -519,7 +519,7 @@ def rule_straggler(context: _Context) -> list[Finding]:
     findings = []
     for found in find_stragglers(evidence):
         group, rank = found.group, found.rank
-        name = f"{group.desc or 'pg ' + group.name} (pg {group.name}, {len(group.members)} ranks)"
+        name = f"{group_called(group)} (pg {group.name}, {len(group.members)} ranks)"
         share = found.count / found.considered
         lines = [
             f"rank {rank} was the last member of {name} to enqueue in {found.count} of its {found.considered} "
@@ -548,7 +548,7 @@ def rule_straggler(context: _Context) -> list[Finding]:
                 ranks=(rank,),
                 culprit_ranks=(rank,),
                 evidence=lines,
-                summary=f"rank {rank} enqueues late in {group.desc or 'pg ' + group.name}: "
+                summary=f"rank {rank} enqueues late in {group_called(group)}: "
                 f"{found.median_lag_ns / 1e6:.1f} ms median, {found.p90_lag_ns / 1e6:.1f} ms p90, "
                 f"in {share:.0%} of its collectives",
                 time_ns=0,

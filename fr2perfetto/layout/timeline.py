@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from ..base.model import Entry, Finding, Group, MatchedOp, ranks_label, time_range
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
-from ..base.words import lateness_track
+from ..base.words import group_called, lateness_track
 from ..read.job import Job
 from .fold import View, full_view
 from .looks import Highlights, Looks, stack_strings
@@ -280,7 +280,7 @@ def findings_tracks(
         for rank in finding.culprit_ranks:
             highlights.culprits.setdefault(rank, finding.kind)
         if finding.kind == "no_dump" and finding.op and finding.group is not None:
-            what = f"{finding.op} #{finding.seq} of {finding.group.desc or 'pg ' + finding.group.name}"
+            what = f"{finding.op} #{finding.seq} of {group_called(finding.group)}"
             for rank in finding.ranks:
                 highlights.no_dump_waits.setdefault(rank, (start, what))
     return tracks, highlights

@@ -9,7 +9,7 @@ import html
 from .. import __version__
 from ..base.model import Finding, MatchedOp, ranks_label, state_entry
 from ..base.text import code_block, markdown_text, shown
-from ..base.words import count, ranks_text, stacks_said_once
+from ..base.words import count, group_called, ranks_text, stacks_said_once
 from ..diagnose.verdict import KIND_STRAGGLER, Diagnosis
 from ..read.job import Job
 
@@ -96,7 +96,7 @@ def _culprit_cells(job: Job, by_key: dict[int, MatchedOp], rank: int, finding: F
     """The group, op, state and why of a culprit's row."""
     if finding is None:
         return ["-", "-", "-", "-"]
-    group = f"{finding.group.desc or 'pg ' + finding.group.name} (pg {finding.group.name})" if finding.group else "-"
+    group = f"{group_called(finding.group)} (pg {finding.group.name})" if finding.group else "-"
     why = _cell(finding.summary)
     if finding.kind == KIND_STRAGGLER:
         return [_cell(group), "its collectives", _cell(f"late by {finding.lag_ns / 1e6:.1f} ms (median)"), why]
