@@ -320,7 +320,7 @@ def refuse_output(path: str, inputs: list[str]) -> str | None:
         return f"cannot check it ({error.strerror or error})"
     if not stat.S_ISREG(status.st_mode):
         return "exists and is not a regular file (a symlink, pipe, device or folder): refusing to replace it"
-    files, _ = expand_inputs(inputs, recursive=True)
+    files, _ = expand_inputs(inputs)
     for name in files:
         with contextlib.suppress(OSError):
             if os.path.samefile(name, path):

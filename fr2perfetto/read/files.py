@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 _SUFFIXES = (".json", ".pkl", ".pickle", ".pt")
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
-# Files that sit beside dumps and are never dumps themselves.
-_IGNORED = re.compile(r"(^\.|^fr_(pid|pipe)_rank_|\.(pftrace|gz|md|txt|log|py|sh|tmp|partial|pipe|ended)$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,29 +45,21 @@ def parse_dump_name(path: str) -> DumpName | None:
     return DumpName(rank, host)
 
 
-def expand_inputs(inputs: list[str], recursive: bool = False) -> tuple[list[str], list[str]]:
+def expand_inputs(inputs: list[str]) -> tuple[list[str], list[str]]:
     """Turn directories, files and glob patterns into a sorted list of files.
 
-    Returns (files, inputs that matched nothing). A directory contributes the regular files
-    directly inside it, leaving out hidden files and files that are plainly not dumps; with
-    ``recursive``, every regular file under it, hidden folders and files left out (the caller sorts
-    them by kind).
+    Returns (files, inputs that matched nothing). A directory contributes every regular file under it,
+    hidden folders and files left out: the caller sorts them by kind (``inputs``).
     """
     files: list[str] = []
     unmatched: list[str] = []
     for item in inputs:
-        if os.path.isdir(item) and recursive:
+        if os.path.isdir(item):
             found = []
             for folder, folders, names in os.walk(item):
                 folders[:] = sorted(f for f in folders if not f.startswith("."))
                 found += [os.path.join(folder, n) for n in names if not n.startswith(".")
                           and os.path.isfile(os.path.join(folder, n))]  # fmt: skip
-        elif os.path.isdir(item):
-            found = [
-                os.path.join(item, name)
-                for name in os.listdir(item)
-                if not _IGNORED.search(name) and os.path.isfile(os.path.join(item, name))
-            ]
         elif os.path.isfile(item):
             found = [item]
         elif glob.has_magic(item):

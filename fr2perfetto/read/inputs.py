@@ -85,7 +85,7 @@ def find_inputs(inputs: list[str], max_bytes: int, read_member: ReadMember, logs
     """Sort every file the inputs name or hold (and ``logs``: files or folders of logs) by kind; a dump in
     an archive is read there and then, by ``read_member(path, data)``."""
     found = Found()
-    paths, unmatched = expand_inputs(inputs, recursive=True)
+    paths, unmatched = expand_inputs(inputs)
     found.problems += [LoadProblem(item, _why_nothing(item)) for item in unmatched]
     for path in paths:
         if path.lower().endswith(ARCHIVE_SUFFIXES):
@@ -93,7 +93,7 @@ def find_inputs(inputs: list[str], max_bytes: int, read_member: ReadMember, logs
         else:
             _sort(Source(path), os.path.basename(path), found)
     if logs:
-        log_paths, missing = expand_inputs(logs, recursive=True)
+        log_paths, missing = expand_inputs(logs)
         found.problems += [LoadProblem(item, "no such log file or directory") for item in missing]
         found.logs += [Source(p) for p in log_paths]
     return found
@@ -283,14 +283,7 @@ def _archived_member(
             return
         found.archived.append(read_member(path, data))
         return
-    text = _read_tail(handle, TEXT_LIMIT, budget, path)
-    source = Source(path, text)
-    if kind == "stacks" or (kind == "text" and _looks_like_stacks(source)):
-        found.stacks.append(source)
-    elif kind == "log":
-        found.logs.append(source)
-    else:
-        found.skipped.setdefault("not a dump by its name", []).append(path)
+    _sort(Source(path, _read_tail(handle, TEXT_LIMIT, budget, path)), name, found)
 
 
 CHUNK = 1 << 20
