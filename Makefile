@@ -58,6 +58,7 @@ proto: $(INSTALLED_TEST) ## Regenerate the committed protobuf modules from proto
 samples: $(INSTALLED_TEST) ## Re-make the bundled samples: real gloo jobs and NCCL-layout dumps
 	rm -rf samples/gloo samples/nccl
 	$(BIN)/python samples/gloo_jobs.py samples/gloo healthy skip skip_subgroup deadlock size_mismatch dtype_mismatch type_mismatch order_swap data_ops grid_3d grid_3d_skip
+	$(BIN)/python samples/gloo_failures.py samples/gloo torchrun_abort checkpoint_hang pair_skip
 	$(BIN)/python samples/gloo_pipeline.py samples/gloo pipeline_stopped
 	$(BIN)/python samples/gloo_pipeline.py samples/gloo pipeline_healthy
 	$(BIN)/python samples/nccl_layout.py samples/nccl

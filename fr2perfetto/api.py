@@ -78,6 +78,7 @@ class Report:
     findings: tuple[ReportFinding, ...]
     next_steps: tuple[str, ...]
     problems: tuple[str, ...]  # the inputs that could not be read, or only in part, one line each
+    run: str = ""  # the run analysed, where the inputs held several (``Job.runs``); "" where one
     _analysis: Analysis | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -100,14 +101,18 @@ def load(
     keep_names: bool = False,
     max_dump_mb: float = 1024,
     progress: Callable[[int, int], None] | None = None,
+    run: str | None = None,
 ) -> Job:
     """Read every dump the ``paths`` name (files, folders searched through, archives, globs), with the
     stack snapshots and logs among them and in ``logs``. ``jobs``: reading processes (None: one per
     core); ``redact``: names replaced by placeholders, to share (``keep_names``: the training script's
-    function and file names kept); ``progress(done, total)`` as files are read. What could not be read
-    is in ``Job.problems``; raises ``NoDumps`` when no dump could be."""
+    function and file names kept); ``progress(done, total)`` as files are read. Where the paths hold
+    several runs of the job, the newest is read, or the one ``run`` names (its name in ``Job.runs``,
+    its place there from 1, or its folder); ``Job.run`` says which. What could not be read, and each
+    run left out, is in ``Job.problems``; raises ``NoDumps`` when no dump could be read (or ``run``
+    names none)."""
     job = load_job(paths, jobs=jobs, progress=progress, max_dump_bytes=max(1, int(max_dump_mb * 2**20)),
-                   redact=redact, keep_names=keep_names, logs=logs)  # fmt: skip
+                   redact=redact, keep_names=keep_names, logs=logs, run=run)  # fmt: skip
     if not job.dumps:
         raise NoDumps(job.problems)
     return job
@@ -129,6 +134,7 @@ def analyze(job: Job, *, inputs: list[str] | None = None) -> Report:
         findings=tuple(_finding(f) for f in diagnosis.findings),
         next_steps=tuple(diagnosis.next_steps),
         problems=tuple(str(problem) for problem in job.problems),
+        run=job.run,
         _analysis=analysis,
     )
 

@@ -31,8 +31,10 @@ from .base.speedups import SPEEDUPS
 from .base.text import shown
 from .base.words import count
 from .convert import STDOUT, refuse_output, refuse_to_open
+from .diagnose.verdict import exit_code
 from .layout.fold import choose_ranks, parse_ranks
 from .read.job import Job
+from .read.runs import run_argument, which_run
 from .render.markdown import render_markdown
 from .render.report import build_report, report_json
 from .render.terminal import render_analysis
@@ -75,7 +77,7 @@ def _warning(message: str) -> None:
     err.print(Text.assemble(("warning", "yellow"), ": ", shown(message)))
 
 
-EXIT_OK, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
+EXIT_UNUSABLE = 2  # the exit codes of a verdict: ``verdict.exit_code``
 # What a shell reports for a command ended by SIGPIPE (128 + 13), as `git log | head` ends
 EXIT_READER_LEFT = 141
 
@@ -130,6 +132,16 @@ Logs = Annotated[
         help="Log files or folders of the job (logs beside the dumps are read anyway); may be repeated.",
     ),
 ]
+RunName = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        metavar="NAME",
+        show_default=False,
+        help="Where the dumps hold several runs of the job (info lists them): read this one, by name, "
+        "number (1: the newest) or folder, rather than the newest.",
+    ),
+]
 MaxDumpSize = Annotated[
     float, typer.Option("--max-dump-size", metavar="MB", help="Refuse, unread, dump files over this many MB.")
 ]
@@ -152,11 +164,13 @@ def _load(
     max_dump_mb: float = 1024,
     keep_names: bool = False,
     logs: list[str] | None = None,
+    run: str | None = None,
 ) -> Job:
-    """Load the dumps (``api.load``), report each bad file in one line, and stop when nothing could be read."""
+    """Load the dumps (``api.load``; of one run, where they hold several), report each bad file in one
+    line, and stop when nothing could be read."""
     _megabytes(max_dump_mb, "--max-dump-size")
     options = {"jobs": jobs or (os.cpu_count() or 1), "max_dump_mb": max_dump_mb, "redact": redact,
-               "keep_names": keep_names, "logs": logs}  # fmt: skip
+               "keep_names": keep_names, "logs": logs, "run": run}  # fmt: skip
     try:
         if quiet or not err.is_terminal:
             job = api.load(inputs, **options)  # type: ignore[arg-type]
@@ -185,6 +199,16 @@ def _say(problems: list[LoadProblem], quiet: bool) -> None:
         if quiet and not problem.fatal:
             continue
         (_error if problem.fatal else _warning)(str(problem))
+
+
+def _as_given(inputs: list[str], redact: bool, job: Job) -> list[str]:
+    """How the dumps were named, for the commands a report suggests: with ``--run`` where the inputs
+    hold several runs, so that each command reads the run analysed."""
+    given = ["<dumps>"] if redact else list(inputs)
+    names = [info.name for info in job.runs]
+    if job.run in names:
+        given += ["--run", run_argument(job.runs, names.index(job.run))]
+    return given
 
 
 def _chosen_ranks(ranges: list[tuple[int, int]] | None, job: Job) -> set[int] | None:
@@ -264,6 +288,7 @@ def convert(
     quiet: Quiet = False,
     max_dump_mb: MaxDumpSize = 1024,
     logs: Logs = None,
+    run: RunName = None,
 ) -> None:
     """Write one Perfetto trace of every rank: a process per rank, a track per process group.
 
@@ -286,10 +311,10 @@ def convert(
         raise typer.Exit(EXIT_UNUSABLE)
     quiet = quiet or to_stdout
     with gc_paused():
-        job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names, logs)
+        job = _load(inputs, jobs, quiet, redact, max_dump_mb, keep_names, logs, run)
         chosen_ranks = _chosen_ranks(rank_ranges, job)
         chosen_groups = _chosen_groups(groups, job)
-        report = api.analyze(job, inputs=["<dumps>"] if redact else inputs)
+        report = api.analyze(job, inputs=_as_given(inputs, redact, job))
         analysis = report._analysis
         _keep_until_exit(job, report)
         try:
@@ -314,6 +339,8 @@ def convert(
             f"{count(stats.tracks, 'track')}, {count(stats.slices, 'op')}, {count(stats.flows, 'flow')}, "
             f"{count(stats.markers, 'marker')}, {count(len(analysis.diagnosis.findings), 'finding')}."
         )
+        if job.run:
+            out.print(shown(which_run(job.runs, job.run)))
         out.print(f"Verdict: {shown(verdict.summary)}")
         if view.to_fit:
             out.print(
@@ -435,11 +462,15 @@ def info(
     max_dump_mb: MaxDumpSize = 1024,
     redact: Redact = False,
     keep_names: KeepNames = False,
+    run: RunName = None,
 ) -> None:
-    """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges."""
+    """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges (and, where
+    the dumps hold several runs of the job, the runs: the rest is of one)."""
     with gc_paused():
-        job = _load(inputs, jobs, True, redact, max_dump_mb, keep_names)
+        job = _load(inputs, jobs, True, redact, max_dump_mb, keep_names, run=run)
         _keep_until_exit(job)
+    if job.runs:
+        _print_runs(job)
     all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
     day = _clock(min(all_times))[:10] if all_times else ""
     with_hosts = any(job.host_of(rank) for rank in job.ranks)
@@ -472,6 +503,19 @@ def info(
     out.print(_fitting_table(count(len(job.groups), "process group"), group_columns, group_rows, droppable=("size",)))
     missing = job.missing_ranks
     out.print(f"Missing dumps: {'ranks ' + ranks_label(missing) if missing else 'none'}")
+
+
+def _print_runs(job: Job) -> None:
+    """The runs the dumps hold, newest first, the one read marked; what follows is of that one."""
+    rows = []
+    for place, info in enumerate(job.runs, start=1):
+        folders = info.folders[0] if len(info.folders) == 1 else f"{info.folders[0]} and {len(info.folders) - 1} more"
+        mark = Text("yes", style="bold") if info.name == job.run else ""
+        rows.append([str(place), info.name, ranks_label(info.ranks), str(len(info.files)), folders or ".",
+                     info.when, mark])  # fmt: skip
+    title = f"{count(len(job.runs), 'run')} in these dumps (newest first); below, run {job.run} (--run picks another)"
+    columns = ["#", "run", "ranks", "dumps", "folder", "last op", "read"]
+    out.print(_fitting_table(title, columns, rows, droppable=("folder", "#")))
 
 
 def _clock(ns: int) -> str:
@@ -519,7 +563,8 @@ def trigger(
 
 @app.command(
     epilog="Examples:\n\n  fr2perfetto analyze dumps/\n\n  fr2perfetto analyze dumps/ --json > report.json\n\n"
-    "Exit codes: 0 healthy, 1 a finding (hang, mismatch, crash, slow or undecided), 2 unusable input."
+    "Exit codes: 0 healthy, 1 a problem found (hang, mismatch, crash or slow), 2 unusable input, "
+    "3 undecided (what is missing to decide is said)."
 )
 def analyze(
     inputs: Inputs,
@@ -540,6 +585,7 @@ def analyze(
     quiet: QuietVerdict = False,
     max_dump_mb: MaxDumpSize = 1024,
     logs: Logs = None,
+    run: RunName = None,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
     if output_format not in ("text", "markdown", "json"):
@@ -551,8 +597,8 @@ def analyze(
     as_json = as_json or output_format == "json"
     plain = as_json or output_format == "markdown"
     with gc_paused():
-        job = _load(inputs, jobs, quiet or plain, redact, max_dump_mb, keep_names, logs)
-        given = ["<dumps>"] if redact else inputs
+        job = _load(inputs, jobs, quiet or plain, redact, max_dump_mb, keep_names, logs, run)
+        given = _as_given(inputs, redact, job)
         report = api.analyze(job, inputs=given)
         _keep_until_exit(job, report)
     analysis = report._analysis
@@ -567,7 +613,7 @@ def analyze(
         render_analysis(out, job, diagnosis, len(analysis.ops))
     else:
         out.print(shown(diagnosis.verdict.summary))
-    raise typer.Exit(EXIT_OK if report.healthy else EXIT_FINDINGS)
+    raise typer.Exit(exit_code(report.status))
 
 
 def _human_size(size: int) -> str:

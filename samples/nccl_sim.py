@@ -25,7 +25,11 @@ job, given one program (a list of ``Action``) per rank:
 - Flight Recorder: ``started`` once the start event fired (timing on only), ``completed`` once the end
   event did, as the watchdog notices them on its next poll (or the dump queries them). A job that hangs
   is dumped when its first op passes the timeout, every other rank a little later; a job that finishes
-  is dumped at its end. Each rank records times on its host's clock, which may be offset.
+  is dumped at its end (``dump_on_timeout=False``: every job is dumped at its end, a timeout or not).
+  Each rank records times on its host's clock, which may be offset.
+- ``backend="gloo"``: the same job recorded as ProcessGroupGloo records it (collectives only, entries
+  without states or times, ``retired`` once done, ``pg_status`` counting op ids, ``comm_lib_version``
+  empty, pg_config broken once subgroups exist); the timing model stays NCCL's.
 
 Dumps are written with ``nccl_layout``'s entry and file layout. ``python samples/nccl_sim.py OUT_DIR``
 writes the pipeline samples.
@@ -33,7 +37,9 @@ writes the pipeline samples.
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import sys
 from collections import defaultdict
@@ -159,24 +165,29 @@ class _Graph:
 
     def solve(self) -> list[int]:
         """Every node's time; nodes in a cycle (ranks waiting for each other) never come."""
-        count = len(self.base)
-        waiting = [len(inputs) for inputs in self.inputs]
+        base, all_inputs = self.base, self.inputs
+        count = len(base)
+        waiting = [len(inputs) for inputs in all_inputs]
         users: list[list[int]] = [[] for _ in range(count)]
-        for node, inputs in enumerate(self.inputs):
+        for node, inputs in enumerate(all_inputs):
             for source, _ in inputs:
                 users[source].append(node)
         value = [NEVER] * count
         ready = [node for node in range(count) if not waiting[node]]
+        pop, push = ready.pop, ready.append
+        # the hottest loop of a fuzz run: comparisons written out rather than max() and min() calls
         while ready:
-            node = ready.pop()
-            time = self.base[node]
-            for source, delay in self.inputs[node]:
-                time = max(time, value[source] + delay)
-            value[node] = min(time, NEVER)
+            node = pop()
+            time = base[node]
+            for source, delay in all_inputs[node]:
+                later = value[source] + delay
+                if later > time:
+                    time = later
+            value[node] = time if time < NEVER else NEVER
             for user in users[node]:
                 waiting[user] -= 1
                 if not waiting[user]:
-                    ready.append(user)
+                    push(user)
         return value
 
 
@@ -190,8 +201,17 @@ def simulate(job: SimJob) -> dict[int, list[Timing]]:
     # completion nodes still to be wired to what they wait for
     waits_on_collective: list[tuple[int, str, int]] = []  # (node, group, ordinal)
     waits_on_pair: list[tuple[int, tuple[str, int, int], int]] = []  # (node, pair, ordinal)
+    base, all_inputs = graph.base, graph.inputs
+
+    def node(time: int, inputs: list[tuple[int, int]]) -> int:
+        """``graph.node`` for a list of inputs of the caller's own, which it keeps (millions of calls)."""
+        base.append(time)
+        all_inputs.append(inputs)
+        return len(base) - 1
+
     for rank, program in sorted(job.programs.items()):
         stop = job.stop_at.get(rank, len(program))
+        start = job.start_ns.get(rank, 0)
         last_on: dict[object, int] = {}  # stream -> completion node of its last kernel
         issued_prev: int | None = None
         rank_nodes: list[tuple[int, int | None, int | None]] = []
@@ -205,7 +225,7 @@ def simulate(job: SimJob) -> dict[int, list[Timing]]:
                 inputs.append((issued_prev, previous.cpu_ns))
                 if previous.kind == SYNC:
                     inputs += [(done, previous.cpu_ns) for done in last_on.values()]
-            issued = graph.node(job.start_ns.get(rank, 0), inputs)
+            issued = node(start, inputs)
             issued_prev = issued
             if action.kind == SYNC:
                 rank_nodes.append((issued, None, None))
@@ -220,16 +240,14 @@ def simulate(job: SimJob) -> dict[int, list[Timing]]:
                 needed_done = rank_nodes[needed][2]
                 if needed_done is not None:
                     start_inputs.append((needed_done, 0))
-            started = graph.node(0, start_inputs)
-            done = graph.node(NEVER if action.hang else 0)
-            if action.kind == COMPUTE:
-                graph.inputs[done].append((started, action.gpu_ns))
-            elif action.kind == COLLECTIVE:
+            started = node(0, start_inputs)
+            done = node(NEVER if action.hang else 0, [(started, action.gpu_ns)] if action.kind == COMPUTE else [])
+            if action.kind == COLLECTIVE:
                 members = collectives[action.group]
                 ordinal = len(members[rank])
                 members[rank].append((started, action))
                 waits_on_collective.append((done, action.group, ordinal))
-            else:
+            elif action.kind != COMPUTE:
                 for part in action.parts or (action,):
                     key = (action.group, rank, part.peer) if part.kind == SEND else (action.group, part.peer, rank)
                     ends = pairs[key][part.kind]
@@ -297,6 +315,10 @@ class DumpOptions:
     stacks: bool = True
     legacy_batch_seq: bool = False  # p2p batches also bump seqCollective_ (older startCoalescing)
     seed: int = 0
+    # False: every rank is dumped once the job is over (a debug pipe, an exit handler), not when an op first
+    # passes the timeout: an op that ran past it then shows how it ended
+    dump_on_timeout: bool = True
+    backend: str = "nccl"  # "gloo": recorded as ProcessGroupGloo records (``_gloo_record``)
 
 
 def dump_documents(job: SimJob, times: dict[int, list[Timing]], options: DumpOptions) -> dict[int, dict[str, Any]]:
@@ -316,7 +338,7 @@ def dump_documents(job: SimJob, times: dict[int, list[Timing]], options: DumpOpt
                 fired, first = timing.issued + timeout, rank
     dumped_at = {}
     for rank in job.programs:
-        if fired < NEVER:
+        if fired < NEVER and options.dump_on_timeout:
             dumped_at[rank] = fired + (0 if rank == first else rng.randrange(options.dump_spread_ns))
         else:
             dumped_at[rank] = finished + 1_000 * MS
@@ -324,9 +346,10 @@ def dump_documents(job: SimJob, times: dict[int, list[Timing]], options: DumpOpt
 
 
 def write_dumps(
-    documents: dict[int, dict[str, Any]], out_dir: str, *, json_ranks: Iterable[int] = (), skip: Iterable[int] = ()
-) -> list[str]:
-    """Write the documents as ``nccl_trace_rank_<rank>`` files (JSON for ``json_ranks``)."""
+    documents: dict[int, dict[str, Any]], out_dir: str, *, json_ranks: Iterable[int] = (), skip: Iterable[int] = (),
+    prefix: str = "nccl_trace_rank_",
+) -> list[str]:  # fmt: skip
+    """Write the documents as ``<prefix><rank>`` files (JSON for ``json_ranks``)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     json_ranks, skip = set(json_ranks), set(skip)
@@ -334,11 +357,22 @@ def write_dumps(
         if rank in skip:
             continue
         as_json = rank in json_ranks
-        path = os.path.join(out_dir, f"nccl_trace_rank_{rank}" + (".json" if as_json else ""))
+        path = os.path.join(out_dir, f"{prefix}{rank}" + (".json" if as_json else ""))
         with open(path, "wb") as out:
-            out.write(dump_bytes(doc["entries"], doc["pg_config"], doc["pg_status_lists"], as_json=as_json))
+            out.write(_document_bytes(doc, as_json))
         paths.append(path)
     return paths
+
+
+def _document_bytes(doc: dict[str, Any], as_json: bool) -> bytes:
+    """A document as its file holds it: ``nccl_layout``'s layout, with the document's library version (gloo
+    writes ``""``)."""
+    data = dump_bytes(doc["entries"], doc["pg_config"], doc["pg_status_lists"], as_json=as_json)
+    if doc["comm_lib_version"] == "2.27.5":
+        return data
+    if as_json:
+        return json.dumps({**json.loads(data), "comm_lib_version": doc["comm_lib_version"]}, sort_keys=True).encode()
+    return pickle.dumps({**pickle.loads(data), "comm_lib_version": doc["comm_lib_version"]}, protocol=2)
 
 
 def _rank_document(
@@ -368,6 +402,11 @@ def _rank_document(
         desc, members = job.groups[name]
         started = seen(timing.started) if options.timing else None
         completed = seen(timing.completed)
+        if options.backend == "gloo":
+            _gloo_record(entries, op_ids, seq_collective, status[str(pg_ids[name])], action,
+                         _Now(name, desc, pg_ids[name], 0, 0, timing.issued + offset, None, None, completed),
+                         rank, options)  # fmt: skip
+            continue
         duration = (timing.completed - timing.started) / MS if options.timing and completed else None
         if action.kind == COLLECTIVE:
             seq_collective[name] += 1
@@ -400,12 +439,16 @@ def _rank_document(
             if completed:
                 row[2] = seq_collective[name]
     kept = entries[-options.buffer :]
+    pg_config = {name: {"name": name, "desc": desc, "ranks": str(sorted(members))} for name, desc, members in mine}
+    if options.backend == "gloo":
+        # gloo's recorder lists only the groups it recorded in, and its pg_config breaks once subgroups exist
+        status = {key: row for key, row in status.items() if row[0] >= 0}
+        if len(job.groups) > 1:
+            pg_config = {"": {"name": "", "desc": "", "ranks": "[]"}}
     return {
         "version": "2.10",
-        "pg_config": {
-            name: {"name": name, "desc": desc, "ranks": str(sorted(members))} for name, desc, members in mine
-        },
-        "comm_lib_version": "2.27.5",
+        "pg_config": pg_config,
+        "comm_lib_version": "" if options.backend == "gloo" else "2.27.5",
         "pg_status": {key: dict(zip(STATUS_KEYS, row, strict=True)) for key, row in status.items()},
         "pg_status_lists": status,
         "dumped_at": dumped,
@@ -428,6 +471,41 @@ class _Now:
     completed: int | None
 
 
+# gloo's names for the ops whose profiling name differs from PyTorch's function
+_GLOO_OPS = {
+    "all_to_all_single": "all_to_all", "_reduce_scatter_base": "all_reduce", "reduce_scatter_tensor": "all_reduce",
+}  # fmt: skip
+
+
+def _gloo_record(
+    entries: list[dict[str, Any]], op_ids: dict[str, int], seq_collective: dict[str, int], status: list[int],
+    action: Action, now: _Now, rank: int, options: DumpOptions,
+) -> None:  # fmt: skip
+    """Record an action as ProcessGroupGloo does: collectives only, each one entry (a coalesced group is one
+    op over all its tensors; reduce_scatter runs as all_reduce) without states or times, ``retired`` once
+    it finished, p2p seq 0; a send or recv is not recorded, yet takes an op id. ``status`` (the group's
+    pg_status) counts op ids: gloo sets it from the work's ``seq_``, which its entries' ``op_id`` is."""
+    name = now.name
+    if action.kind != COLLECTIVE:
+        op_ids[name] += len(action.parts) or 1
+        return
+    seq_collective[name] += 1
+    now.collective_seq = seq_collective[name]
+    op = _GLOO_OPS.get(action.op, action.op)
+    sizes: dict[str, Any] = {}
+    if action.parts:
+        sizes = {
+            "inputs": [list(s) for p in action.parts for s in p.inputs],
+            "outputs": [list(s) for p in action.parts for s in p.outputs],
+            "input_dtypes": [p.dtype for p in action.parts for _ in p.inputs],
+            "output_dtypes": [p.dtype for p in action.parts for _ in p.outputs],
+        }
+    _record(entries, op_ids, now, action, f"gloo:{op}", True, rank, options, **sizes)
+    status[0] = op_ids[name]
+    if now.completed is not None:
+        status[2] = op_ids[name]
+
+
 def _record(
     entries: list[dict[str, Any]], op_ids: dict[str, int], now: _Now, part: Action, profiling: str, events: bool,
     rank: int, options: DumpOptions, new_op: bool = True, **sizes: Any,
@@ -435,6 +513,7 @@ def _record(
     """Append one entry as the recorder writes it (``events``: whether it carries the work's events)."""
     if new_op:
         op_ids[now.name] += 1
+    stateless = options.backend == "gloo"  # no events: the entry stays scheduled, ``retired`` says it ended
     entries.append(
         entry_dict(
             frames=_frames(part) if options.stacks else None,
@@ -452,12 +531,14 @@ def _record(
             input_dtypes=sizes.get("input_dtypes", [part.dtype] * len(part.inputs)),
             output_sizes=sizes.get("outputs", [list(s) for s in part.outputs]),
             output_dtypes=sizes.get("output_dtypes", [part.dtype] * len(part.outputs)),
-            started=now.started if events else None,
-            completed=now.completed if events else None,
+            started=now.started if events and not stateless else None,
+            completed=now.completed if events and not stateless else None,
             timeout_ms=options.timeout_ms,
             is_p2p=sizes.get("is_p2p", part.kind in (SEND, RECV)),
         )
     )
+    if stateless:
+        entries[-1]["retired"] = now.completed is not None
 
 
 def _p2p_name(part: Action, rank: int, members: Iterable[int]) -> str:

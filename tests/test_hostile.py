@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,6 +285,37 @@ def test_redact_leaves_no_name_from_the_dumps_in_any_output(tmp_path: Path):
     # and without --redact, the same names are all there (the test would catch nothing otherwise)
     done = _run(["analyze", *inputs, "--json"], False, tmp_path)
     assert f"{MARK}op #3 of {MARK}desc" in done.stdout
+
+
+def test_redact_keeps_the_evidence_beside_the_dumps_and_none_of_its_names(tmp_path: Path):
+    """Redaction is a view: stack snapshots, logs, .ended and rank files still decide, shown without names."""
+    folder = tmp_path / f"{MARK}dumps"
+    shutil.copytree(ROOT / "samples" / "gloo" / "pipeline_stopped", folder)
+    for stacks in folder.glob("stacks_*.txt"):
+        stacks.write_text(stacks.read_text().replace("/job/train.py", f"/home/{MARK}/{MARK}train.py")
+                          .replace(" forward\n", f" {MARK}forward\n"))  # fmt: skip
+    log = (
+        "[rank3]: Traceback (most recent call last):\n"
+        f'[rank3]:   File "/home/{MARK}/x.py", line 3, in {MARK}fn\n'
+        f"[rank3]: RuntimeError: Connection closed by peer {MARK}host:29500\n"
+    )
+    (folder / "train.log").write_text(log)
+    (folder / "gloo_trace_rank_0.ended").write_text(f"exception: ValueError: {MARK} secret\n")
+    (folder / "fr_pid_rank_1").write_text(json.dumps({"rank": 1, "host": f"{MARK}node", "pid": 7, "start": 1,
+                                                       "run": "r", "signal": 10}))  # fmt: skip
+    verdicts = []
+    for redact in ([], ["--redact"]):
+        done = _run(["analyze", str(folder), "--json", *redact], False, tmp_path)
+        verdict = json.loads(done.stdout)["verdict"]
+        verdicts.append((done.returncode, verdict["status"], verdict.get("culprit_ranks")))
+        if redact:
+            texts = [done.stdout, done.stderr]
+            for command in (["analyze"], ["analyze", "--format", "markdown"], ["info"]):
+                more = _run([command[0], str(folder), *command[1:], "--redact"], False, tmp_path)
+                texts += [more.stdout, more.stderr]
+            leaks = [t[max(0, t.find(MARK) - 60) : t.find(MARK) + 20] for t in texts if MARK in t]
+            assert not leaks, leaks
+    assert verdicts[0] == verdicts[1] and verdicts[0][:2] == (1, "hang") and verdicts[0][2][0] == 2
 
 
 def test_the_server_serves_only_the_link_and_outlasts_idle_clients(tmp_path: Path):

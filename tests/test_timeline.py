@@ -50,6 +50,11 @@ def _json_spans(path: Path) -> dict[tuple[int, int], list[tuple[int, int]]]:
     return spans
 
 
+def _is_group_stream(name: str) -> bool:
+    """A group's stream: ``tp · pg 2 · 4 ranks``, or ``pg 3 · 2 ranks`` for a group with no description."""
+    return " · pg " in name or name.startswith("pg ")
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=[f"{p.parent.name}/{p.name}" for p in SAMPLES])
 def test_every_samples_trace_has_streams_that_never_partly_overlap(sample: Path, tmp_path: Path):
     out, json_out = tmp_path / "t.pftrace", tmp_path / "t.json"
@@ -59,7 +64,7 @@ def test_every_samples_trace_has_streams_that_never_partly_overlap(sample: Path,
     trace = read_trace(str(out))
     for uuid, slices in trace.slices.items():
         assert not _partial_overlaps([(s, e) for s, e, _, _ in slices]), trace.tracks[uuid][0]
-        if " · pg " in trace.tracks[uuid][0] or trace.tracks[uuid][0].startswith("send/recv"):
+        if _is_group_stream(trace.tracks[uuid][0]) or trace.tracks[uuid][0].startswith("send/recv"):
             starts = [s for s, _, _, _ in slices]
             assert starts == sorted(starts)  # a stream's slices in the order they ran
     for thread, spans in _json_spans(json_out).items():
@@ -69,7 +74,7 @@ def test_every_samples_trace_has_streams_that_never_partly_overlap(sample: Path,
     for rank in groups_of:
         tracks = [u for u in trace.tracks if trace.tracks[u][1] is not None and trace.process_of(u) == rank]
         names = [trace.tracks[u][0] for u in tracks]
-        groups = sum(" · pg " in n for n in names)
+        groups = sum(_is_group_stream(n) for n in names)
         pairs = sum(n.startswith("send/recv with rank") for n in names)
         threads = sum(n.startswith(("thread ", "enqueued (thread")) for n in names)
         counters = sum(u in trace.counter_axes for u in tracks)

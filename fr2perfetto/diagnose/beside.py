@@ -11,6 +11,8 @@ name no culprit:
 - ``contradictions``: what else says the job failed or stopped (a watchdog timeout, a collective that
   timed out, torchrun's failure table, a job whose every rank waits in communication and none moves),
   each in one sentence: a verdict with any of them is never ``healthy``;
+- ``ended_first``: what says a rank that left no dump ended before the others (the launcher's failure
+  table, an error in its own log, or the others stopped by a signal while it left only its rank file);
 - ``blind_spots``: what this job's dumps cannot show (gloo's unrecorded sends and recvs), and how to see
   it (the command that takes stack snapshots).
 """
@@ -21,6 +23,7 @@ import os
 from collections import defaultdict
 
 from ..base.model import (
+    CRASHES,
     LOG_CHILD_FAILED,
     LOG_COMM_FAILURE,
     LOG_WATCHDOG_STUCK,
@@ -33,6 +36,7 @@ from ..base.model import (
 )
 from ..base.words import ranks_text, verb
 from ..read.job import Job
+from .corroborate import stopped_by_launcher
 from .frozen import Freeze, Still
 
 KIND_STUCK_CPU = "stuck_cpu"
@@ -149,6 +153,71 @@ def contradictions(job: Job, freeze: Freeze | None) -> list[str]:
             said.append(f"rank {event.rank}'s log says its watchdog got stuck ({event.source})")
         elif event.kind == LOG_CHILD_FAILED:
             said.append(f"torchrun says {event.line.removesuffix(' [torchrun]')} ({event.source})")
+    return said
+
+
+def stopped_by_signal(job: Job) -> str:
+    """The signal that ended every rank whose ending the capture helper recorded (``signal SIGTERM`` in
+    its ``.ended`` file: a launcher tearing the job down), or "" where any ended otherwise or none said."""
+    endings = {job.endings[rank] for rank in job.dumps if rank in job.endings}
+    if len(endings) != 1:
+        return ""
+    (ending,) = endings
+    return ending.removeprefix("signal ") if ending.startswith("signal ") else ""
+
+
+def ended_first(job: Job, rank: int) -> list[str]:
+    """What says that ``rank``, which left no dump, ended before the others, one sentence each (none:
+    nothing does): the launcher's failure table (torchrun's ``ChildFailedError``: its exit code or the
+    signal that killed it), an error in its own log, or, with the capture helper in the job, its rank
+    file left behind with no dump and no ``.ended`` file while every other rank was stopped by a signal.
+    A rank that died at once (SIGABRT, SIGKILL) never runs the helper's handlers: its rank file stays,
+    and nothing else is written; torchrun then stops the other ranks with SIGTERM
+    (``torch/distributed/elastic/agent/server/api.py``, ``_stop_workers``), and they dump."""
+    said = []
+    for event in _in_time_order(job.log_events):
+        if event.rank != rank or event.kind not in CRASHES or stopped_by_launcher(event):
+            continue
+        said.append(f"rank {rank}'s log ({event.source}): {event.line}")  # as ``corroborate`` quotes it
+        if len(said) >= 3:
+            break
+    stopped = stopped_by_signal(job)
+    process = job.processes.get(rank)
+    if stopped and process is not None and rank not in job.endings:
+        host, pid = process
+        said.append(
+            f"rank {rank} left its rank file (host {host}, pid {pid}) but neither a dump nor a .ended file, "
+            f"while every other rank's .ended file says it was stopped by {stopped}: it ended before they were "
+            "stopped (a launcher stops the others when one rank fails)."
+        )
+    return said
+
+
+def unseen(job: Job, freeze: Freeze | None) -> list[str]:
+    """What these dumps cannot show of a job they find nothing wrong with, one clause each with how to
+    see it (none: nothing is hidden): a healthy verdict needs positive evidence, so each makes it
+    undecided. A job whose every rank ended by itself (the capture helper's ``exit``) hid nothing.
+
+    - dumps taken on request from a running job (``.ended`` says ``running``): an op in flight then may
+      yet hang;
+    - gloo's unrecorded sends and recvs (``unrecorded_ops``), with no stack snapshot to show where each
+      rank is: a hang in one leaves every dump looking well."""
+    ended = [job.endings.get(rank) for rank in job.dumps]
+    if ended and all(e == "exit" for e in ended):
+        return []
+    said = []
+    running = [rank for rank in job.dumps if job.endings.get(rank) == "running"]
+    if running:
+        said.append(
+            f"{verb(running, 'was', 'were')} dumped on request while running (.ended says running): an op in "
+            "flight then may yet hang; dump again a timeout later and compare, or take stack snapshots"
+        )
+    unrecorded = unrecorded_ops(job)
+    if unrecorded is not None and not job.snapshots and freeze is None:
+        said.append(
+            f"gloo records no send or recv (rank {unrecorded[0]}'s op ids skip {unrecorded[1]} unrecorded ops): a "
+            "hang in one would not show in these dumps; take stack snapshots while it runs"
+        )
     return said
 
 

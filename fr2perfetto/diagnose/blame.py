@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..base.model import COMPLETED, MISSING, MatchedOp, state_entry
+from ..base.model import COMPLETED, MISMATCH, MISSING, MatchedOp, state_entry
 from .evidence import WAIT_HELD, WAIT_MISMATCH, WAIT_MISSING, WAIT_NO_DUMP, WAIT_NOT_STARTED, WAIT_STUCK, Evidence
+from .siblings import Siblings, odd_member
 from .symmetry import order_cycle, skipped_past
 
 
@@ -33,6 +34,9 @@ class Blame:
     victims: set[int]  # blocked ranks whose waits lead to a sink elsewhere
     # culprit that skipped an op and went on -> that op, and what shows it
     skipped: dict[int, tuple[MatchedOp, str]] = field(default_factory=dict)
+    # op key of a collective whose members disagree -> the one member its group's siblings say is wrong,
+    # and what shows it (``siblings.odd_member``): for ops with no majority to tell, two members say
+    odd_members: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 def assign_blame(evidence: Evidence) -> Blame:
@@ -42,6 +46,10 @@ def assign_blame(evidence: Evidence) -> Blame:
     did but one of them skipped an op and went on (``skipped_past``), they wait because of it: it is
     the culprit. Otherwise the dumps cannot say which side to fix, and the deadlock says so: two ranks
     that each issued the other's op second look alike whichever of them has the program's order.
+
+    Ranks held by ops queued behind each other's (no timing) say little of who waits for whom; they
+    are a deadlock only where a rank among them skipped an op, or issued two ops in the order the
+    members of its group's siblings did not (``order_cycle`` with ``only_siblings``).
     """
     waits = evidence.waits
     edges: dict[int, set[int]] = {rank: set(wait.on) for rank, wait in waits.items()}
@@ -50,6 +58,7 @@ def assign_blame(evidence: Evidence) -> Blame:
     victims: set[int] = set()
     causes: list[MatchedOp] = []
     skipped: dict[int, tuple[MatchedOp, str]] = {}
+    siblings = Siblings(evidence)
     for component in _sink_components(edges):
         if len(component) == 1:
             (rank,) = component
@@ -68,25 +77,31 @@ def assign_blame(evidence: Evidence) -> Blame:
         # for a member held elsewhere may as well be a wait behind an op of the rank's own.
         held = [r for r in component if r in waits and waits[r].reason == WAIT_HELD]
         vague = len(held) == len(component) or (held and not evidence.timed)
-        ordered, why = ([], []) if vague else order_cycle(evidence, sorted(component))
+        ordered, why = ([], []) if vague else order_cycle(evidence, sorted(component), siblings)
         if not why:
-            found = _skippers(evidence, component)
+            found = _skippers(evidence, component, siblings)
             if found:
                 skipped.update(found)
                 culprits.update(dict.fromkeys(found, WAIT_MISSING))
                 continue
         if vague:
-            continue
+            ordered, why = order_cycle(evidence, sorted(component), siblings, only_siblings=True)
+            if not why:
+                continue
         cycles.append(Cycle(ordered, why))
     in_sinks = set(culprits) | {r for cycle in cycles for r in cycle.ranks}
     for rank in waits:
         if rank not in in_sinks:
             victims.add(rank)
     causes.sort(key=lambda op: op.first_time_ns)
-    return Blame(culprits, cycles, causes, victims, skipped)
+    odd_members = {
+        op.op_key: found for op in evidence.ops
+        if op.status == MISMATCH and (found := odd_member(siblings, op)) is not None
+    }  # fmt: skip
+    return Blame(culprits, cycles, causes, victims, skipped, odd_members)
 
 
-def _skippers(evidence: Evidence, component: set[int]) -> dict[int, tuple[MatchedOp, str]]:
+def _skippers(evidence: Evidence, component: set[int], siblings: Siblings) -> dict[int, tuple[MatchedOp, str]]:
     """Ranks of a sink component that never issued an op its other members wait in (or queued) and
     went on past it, with what shows it: each one's first such op per group is tested."""
     tested: set[tuple[int, str]] = set()
@@ -98,7 +113,7 @@ def _skippers(evidence: Evidence, component: set[int]) -> dict[int, tuple[Matche
             if rank not in component or rank in found or (rank, op.group.name) in tested:
                 continue
             tested.add((rank, op.group.name))
-            line = skipped_past(evidence, rank, op)
+            line = skipped_past(evidence, rank, op, siblings)
             if line is not None:
                 found[rank] = (op, line)
     return found

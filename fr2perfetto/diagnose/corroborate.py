@@ -43,7 +43,7 @@ def corroborate(evidence: Evidence, findings: list[Finding]) -> tuple[list[Findi
     crashes: dict[int, LogEvent] = {}  # rank -> what it died of: its own error first, the launcher's last
     for event in sorted(job.log_events, key=lambda e: (_CAUSE_ORDER.index(e.kind) if e.kind in _CAUSE_ORDER else 9,
                                                        e.time_ns is None, e.time_ns or 0)):  # fmt: skip
-        if event.kind in CRASHES:
+        if event.kind in CRASHES and not stopped_by_launcher(event):
             crashes.setdefault(event.rank, event)
     out = []
     for finding in findings:
@@ -100,10 +100,21 @@ def _crashed_without_dump(finding: Finding, crashes: dict[int, LogEvent]) -> Fin
     return replace(
         finding,
         culprit_ranks=culprits,
-        evidence=[*lines, *finding.evidence],
+        evidence=[*lines, *(line for line in finding.evidence if line not in lines)],
         summary=f"{finding.summary}; rank {first.rank}'s log says: {first.line}",
         time_ns=0,  # the crash comes before what the others do about it
     )
+
+
+# The signals a launcher stops the ranks that are left with (torchrun: SIGTERM, ``PContext.close``):
+# a rank its failure table lists as killed by one of them did not fail of its own.
+LAUNCHER_SIGNALS = ("-15", "-1")  # SIGTERM, SIGHUP, as exit codes
+
+
+def stopped_by_launcher(event: LogEvent) -> bool:
+    """Whether a log event is torchrun's line for a rank it stopped itself (its failure table lists every
+    rank it sent SIGTERM to after the first one failed)."""
+    return event.kind == LOG_CHILD_FAILED and event.details.get("exitcode") in LAUNCHER_SIGNALS
 
 
 def _timeout_line(evidence: Evidence, event: LogEvent) -> str:

@@ -75,7 +75,7 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
     # recvs, which completes only once all of them do: it waits for what any of them waits for
     units: dict[int, dict[int, tuple[int, list[Wait]]]] = {}
     for op in ops:
-        why = _why_pending(op, no_dump, evidence.timed)
+        why = _why_pending(op, no_dump, evidence.timed) or _waits_on_lost_dump(job, op, no_dump)
         if why is None:
             continue
         reason, on, blocked = why
@@ -219,6 +219,45 @@ def _why_pending(op: MatchedOp, no_dump: set[int], timed: bool) -> tuple[str, tu
     if op.status == STUCK:
         return WAIT_STUCK, (), pending
     return None
+
+
+def _waits_on_lost_dump(job: Job, op: MatchedOp, no_dump: set[int]) -> tuple[str, tuple[int, ...], list[int]] | None:
+    """(``WAIT_NO_DUMP``, the members without a dump, the ranks still in it) for an op whose entries
+    cannot say whether it completed (gloo's stay ``scheduled``), where a member left no dump and the
+    ranks' own ``pg_status`` says they had not completed it when they dumped; None otherwise.
+
+    ``pg_status`` holds, per process group (keyed by the rank's own pg_id), the last op enqueued,
+    started and completed: ``FlightRecorder::getPgStatus`` writes ``pgStatus_`` as
+    ``last_enqueued_collective`` / ``last_started_collective`` / ``last_completed_collective``. gloo
+    sets them from the op's ``seq_`` (``ProcessGroupGloo::enqueue`` at enqueue, the work's completion
+    callback at the end), which the entry's ``op_id`` is too: an entry whose ``op_id`` is past the
+    last completed and not past the last enqueued was still in flight on that rank. A failed op
+    counts as completed there, so a rank that is still in it was still waiting."""
+    dumpless = tuple(r for r in op.unknown if r in no_dump)
+    if not dumpless and not _members_from_entries(job, op):
+        return None
+    if not no_dump or op.status != OK:
+        return None
+    # A group known only from the entries under its name (gloo's pg_config lists no ranks) lacks the
+    # members that left no dump: any of them may be the one it waits for.
+    dumpless = dumpless or tuple(sorted(no_dump))
+    waiting = []
+    for rank, entries in op.entries.items():
+        entry = state_entry(entries)
+        dump = job.dumps.get(rank)
+        if dump is None or tracks_completion(entry):
+            continue  # its own state says it: ``_why_pending`` had its say
+        status = dump.pg_status.get(str(entry.pg_id))
+        if status is not None and status[2] < entry.op_id <= status[0]:
+            waiting.append(rank)
+    return (WAIT_NO_DUMP, dumpless, waiting) if waiting else None
+
+
+def _members_from_entries(job: Job, op: MatchedOp) -> bool:
+    """Whether ``op``'s group is known only from the entries recorded under its name: no dump's
+    ``pg_config`` lists its members (gloo's lists none once subgroups exist)."""
+    name = op.group.name
+    return not any((config := dump.pg_config.get(name)) is not None and config.ranks for dump in job.dumps.values())
 
 
 def _find_queued(evidence: Evidence, blocked_since: dict[int, int]) -> None:

@@ -27,14 +27,25 @@ from ..base.model import (
 )
 from ..base.words import group_called, lateness_track, ranks_text, verb, where
 from ..match.arguments import recorded_sizes
-from ..match.ops import NO_COMPLETION_BACKENDS
+from ..match.ops import NO_COMPLETION_BACKENDS, tracks_completion
 from ..read.job import Job
-from .beside import KIND_CRASH, KIND_STUCK_CPU, blind_spots, contradictions, rule_crashed, rule_stuck_cpu
+from .beside import (
+    KIND_CRASH,
+    KIND_STUCK_CPU,
+    blind_spots,
+    contradictions,
+    ended_first,
+    rule_crashed,
+    rule_stuck_cpu,
+    stopped_by_signal,
+    unseen,
+)
 from .blame import Blame, assign_blame
 from .corroborate import corroborate
 from .evidence import WAIT_NOT_STARTED, Evidence, gather_evidence
 from .frozen import Freeze, find_freeze
 from .stragglers import find_stragglers
+from .timeouts import find_late_entries
 
 # Finding kinds, as the report names them.
 KIND_MISSING = "missing"
@@ -44,6 +55,7 @@ KIND_P2P = "p2p"
 KIND_NO_DUMP = "no_dump"
 KIND_NOT_STARTED = "not_started"
 KIND_STRAGGLER = "straggler"
+KIND_AFTER_TIMEOUT = "after_timeout"
 MISMATCH_KINDS = {"size": "size_mismatch", "dtype": "dtype_mismatch", "op": "type_mismatch"}
 
 # Verdict statuses and root-cause categories, in the words people use.
@@ -63,7 +75,22 @@ CATEGORY_OWN_ERROR = "a rank failed of an error of its own (its log says which);
 CATEGORY_STUCK_CPU = "a rank stays in its own code (a loop, a data loader, I/O) while the others wait for it"
 CATEGORY_CONTRADICTED = "the dumps show no problem, but what lies beside them says the job failed or stopped"
 CRASH_SAYS = "'s log says: "
+CATEGORY_AFTER_TIMEOUT = "a rank reached the collective only after its peers had timed out in it (a stuck rank)"
+CATEGORY_UNSURE = "the dumps show no problem, but they cannot show everything a hang needs"
+CATEGORY_NO_DUMP_UNKNOWN = "missing dump (nothing says whether the ranks without one were well)"
 CATEGORY_NONE = "none"
+
+# Exit codes of ``analyze``: a script acts on them, so each status that asks for something else has one.
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNUSABLE, EXIT_UNDECIDED = 0, 1, 2, 3
+
+
+def exit_code(status: str) -> int:
+    """The exit code of a verdict's status: 0 only for ``healthy`` (nothing is wrong, and the evidence to say
+    so is all there), 3 for ``undecided`` (something is missing to say either way), 1 for every problem
+    found. (2 is for input that could not be used at all.)"""
+    if status == HEALTHY:
+        return EXIT_HEALTHY
+    return EXIT_UNDECIDED if status == UNDECIDED else EXIT_FINDINGS
 
 
 @dataclass(slots=True)
@@ -310,7 +337,11 @@ def rule_mismatch(context: _Context) -> list[Finding]:
         ]
         decided = len(op.entries) > 2 and op.mismatch_ranks and len(op.mismatch_ranks) < len(op.entries)
         culprits = op.mismatch_ranks if decided else ()
-        if not decided:
+        odd = None if decided else context.blame.odd_members.get(op.op_key)
+        if odd is not None:  # no majority in the op, but its sibling groups agree on what it should be
+            culprits = (odd[0],)
+            lines.append(odd[1] + ".")
+        elif not decided:
             lines.append("No majority among the members: which side is wrong cannot be decided from the dumps.")
         what = {"size": "sizes", "dtype": "dtypes", "op": "ops"}[op.mismatch]
         blame = (
@@ -451,16 +482,19 @@ def rule_p2p(context: _Context) -> list[Finding]:
 
 def rule_no_dump(context: _Context) -> list[Finding]:
     """Members that left no file: those the others wait for, one finding per op they are waited for in
-    (the culprits, when nothing else blocks the waiters); and one finding for all that nobody waits for.
+    (the culprits, when nothing else blocks the waiters); and one finding for all that nobody waits for,
+    where those that ended first (``beside.ended_first``: the launcher or their log says they failed,
+    or the others were stopped by a signal while they left a rank file and no dump) are the culprits.
     As many findings as ops, never one per rank: a group may list thousands of ranks."""
     evidence, blame = context.evidence, context.blame
+    job = evidence.job
     waiting_for: dict[int, list[int]] = defaultdict(list)  # dumpless rank -> ranks waiting for it
     for rank, wait in evidence.waits.items():
         for other in wait.on:
             waiting_for[other].append(rank)
     by_op: dict[int, tuple[MatchedOp, list[int], set[int]]] = {}  # op key -> (op, dumpless, waiting)
     idle: list[int] = []
-    for rank in evidence.job.missing_ranks:
+    for rank in job.missing_ranks:
         waiting = waiting_for.get(rank)
         if not waiting:
             idle.append(rank)
@@ -475,9 +509,12 @@ def rule_no_dump(context: _Context) -> list[Finding]:
         lines = [
             f"{ranks_text(dumpless)} {'is a member' if len(dumpless) == 1 else 'are members'} of {where(op)} "
             "but no dump of it was read.",
-            f"{ranks_text(waiting)} have not completed {where(op)}, which "
-            f"{'it is a member' if len(dumpless) == 1 else 'they are members'} of.",
+            f"{verb(waiting, 'has', 'have')} not completed {where(op)}, which "
+            f"{'it is a member' if len(dumpless) == 1 else 'they are members'} of"
+            + (" (their own pg_status says so: gloo's entries carry no state)." if _by_status(op) else "."),
         ]
+        for rank in dumpless[:MAX_RANKS_QUOTED]:
+            lines += ended_first(job, rank)
         culprits = tuple(r for r in dumpless if r in blame.culprits)
         findings.append(
             _op_finding(
@@ -492,24 +529,84 @@ def rule_no_dump(context: _Context) -> list[Finding]:
             )
         )
     if idle:
-        groups = [g for g in evidence.job.groups if any(r in g.members for r in idle[:1])]
-        member = "is a member" if len(idle) == 1 else "are members"
-        findings.append(
-            Finding(
-                kind=KIND_NO_DUMP,
-                group=groups[0] if groups else None,
-                seq=0,
-                op="",
-                ranks=tuple(idle),
-                culprit_ranks=(),
-                evidence=[
-                    f"{ranks_text(idle)} {member} of the job's groups but no dump of them was read; "
-                    "no rank waits for them."
-                ],
-                summary=f"{ranks_text(idle)} left no dump",
-                time_ns=0,
-            )
+        findings.append(_idle_no_dump(job, idle))
+    return findings
+
+
+MAX_RANKS_QUOTED = 8  # ranks whose own lines a finding quotes
+
+
+def _by_status(op: MatchedOp) -> bool:
+    """Whether the waits in ``op`` were read from ``pg_status`` (its entries carry no state)."""
+    return all(not tracks_completion(state_entry(entries)) for entries in op.entries.values())
+
+
+def _idle_no_dump(job: Job, idle: list[int]) -> Finding:
+    """The ranks without a dump that nobody is seen waiting for: those that ended first are the culprits
+    (a rank that died took its dump with it, and the launcher stopped the others); of the rest the dumps
+    cannot say whether the job needed them, so the verdict cannot be healthy either."""
+    groups = [g for g in job.groups if any(r in g.members for r in idle[:1])]
+    first = [rank for rank in idle if ended_first(job, rank)]
+    member = "is a member" if len(idle) == 1 else "are members"
+    lines = [f"{ranks_text(idle)} {member} of the job's groups but no dump of them was read."]
+    for rank in first[:MAX_RANKS_QUOTED]:
+        lines += ended_first(job, rank)
+    if first:
+        summary = f"{ranks_text(first)} left no dump and ended first"
+        stopped = stopped_by_signal(job)
+        if stopped:
+            summary += f": the others were stopped by {stopped}"
+    else:
+        summary = f"{ranks_text(idle)} left no dump"
+        lines.append(
+            "No rank is seen waiting for them, but without their dumps nothing says they were well: their "
+            "dumps, or their logs (torchrun --log-dir), would tell."
         )
+    return Finding(
+        kind=KIND_NO_DUMP,
+        group=groups[0] if groups else None,
+        seq=0,
+        op="",
+        ranks=tuple(idle),
+        culprit_ranks=tuple(first),
+        evidence=lines,
+        summary=summary,
+        time_ns=0,
+    )
+
+
+def rule_after_timeout(context: _Context) -> list[Finding]:
+    """Members that enqueued a collective more than their peers' timeout after the first of them
+    (``timeouts``): they held the others past it, whatever their dumps hold after."""
+    findings = []
+    for came in find_late_entries(context.evidence):
+        op, late = came.op, came.late
+        ranks = tuple(late)
+        seconds = came.timeout_ns / 1e9
+        lines = [
+            f"rank {rank} enqueued {where(op)} {gap / 1e9:.1f} s after rank {came.first_rank} did, past the "
+            f"{seconds:g} s timeout it runs under."
+            for rank, gap in list(late.items())[:MAX_RANKS_QUOTED]
+        ]
+        on_time = tuple(sorted(r for r in op.entries if r not in late))
+        lines.append(
+            f"{verb(on_time, 'was', 'were')} in it from the start and timed out before "
+            f"{'it' if len(ranks) == 1 else 'they'} came: what happened after (an error caught and passed on, "
+            "the same ops on every rank) follows from it."
+        )
+        gap = next(iter(late.values()))
+        finding = _op_finding(
+            context,
+            KIND_AFTER_TIMEOUT,
+            op,
+            ranks=tuple(sorted(op.entries)),
+            culprits=ranks,
+            lines=lines,
+            summary=f"{ranks_text(ranks)} came to {where(op)} {gap / 1e9:.0f} s after "
+            f"{'its' if len(ranks) == 1 else 'their'} peers, past their {seconds:g} s timeout",
+        )
+        finding.time_ns = came.stalled_ns  # when it stopped moving is when the fault began: what ranks causes
+        findings.append(finding)
     return findings
 
 
@@ -567,6 +664,7 @@ RULES: list[Callable[[_Context], list[Finding]]] = [
     rule_no_dump,
     rule_mismatch,
     rule_stuck,
+    rule_after_timeout,
     rule_straggler,
 ]
 
@@ -584,12 +682,17 @@ _WEIGHT = {
     KIND_STRAGGLER: (SLOW, CATEGORY_STRAGGLER),
     KIND_STUCK_CPU: (HANG, CATEGORY_STUCK_CPU),
     KIND_CRASH: (CRASH, CATEGORY_OWN_ERROR),
+    KIND_AFTER_TIMEOUT: (HANG, CATEGORY_AFTER_TIMEOUT),
 }
 _CAUSES_BY_THEMSELVES = {KIND_DEADLOCK, KIND_STUCK, *MISMATCH_KINDS.values()}
 
 
 def verdict(
-    findings: list[Finding], ops: list[MatchedOp], timed: bool = True, contradicted: list[str] | None = None
+    findings: list[Finding],
+    ops: list[MatchedOp],
+    timed: bool = True,
+    contradicted: list[str] | None = None,
+    unsure: list[str] | None = None,
 ) -> Verdict:
     """Weigh the findings: root causes first (findings that blame a rank, deadlocks, ops that are causes
     by themselves), earliest first; stragglers last. The first decides status and category.
@@ -599,7 +702,8 @@ def verdict(
 
     ``contradicted``: signs beside the dumps that the job failed or stopped (``beside.contradictions``):
     with any of them, a job the dumps find nothing wrong with is never healthy, but undecided, and the
-    first of them is said."""
+    first of them is said. ``unsure``: what the dumps cannot show of this job (``beside.unseen``), each
+    with how to see it: healthy needs positive evidence, so with any of them it is undecided too."""
     informational = [f for f in findings if f.kind == KIND_STRAGGLER]
     blaming = [f for f in findings if _is_a_cause(f)]
     if not blaming:
@@ -608,6 +712,10 @@ def verdict(
             what = quiet.summary.removeprefix(f"{HEALTHY}: ")
             return Verdict(UNDECIDED, (), CATEGORY_CONTRADICTED, f"{UNDECIDED}: {what}, but {contradicted[0]}",
                            [*contradicted, *quiet.evidence])  # fmt: skip
+        if quiet.status == HEALTHY and unsure:
+            what = quiet.summary.removeprefix(f"{HEALTHY}: ")
+            return Verdict(UNDECIDED, (), CATEGORY_UNSURE, f"{UNDECIDED}: {what}, but {unsure[0]}",
+                           [*unsure, *quiet.evidence])  # fmt: skip
         return quiet
     ranked = _ranked(blaming, timed)
     top = ranked[0]
@@ -685,10 +793,10 @@ def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informationa
         return Verdict(HEALTHY, (), CATEGORY_NONE,
                        f"healthy: only rank {rank}'s dump was read, and nothing in it is wrong (no other rank's "
                        "ops to match its against)", [])  # fmt: skip
-    if no_dump:  # a rank whose dump is lost, that no rank waits for: healthy as far as the dumps show
-        return Verdict(HEALTHY, (), CATEGORY_NONE,
-                       f"healthy: every op matched on every rank with a dump; {no_dump[0].summary}",
-                       [no_dump[0].summary])  # fmt: skip
+    if no_dump:  # healthy needs every rank's dump: one without may have failed where nobody saw
+        return Verdict(UNDECIDED, (), CATEGORY_NO_DUMP_UNKNOWN,
+                       f"undecided: {no_dump[0].summary}; every op matched on the ranks with a dump, but without "
+                       "theirs nothing says they were well", [no_dump[0].summary])  # fmt: skip
     return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
 
 
@@ -712,6 +820,7 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
     # A deadlock already explains the missing ops it is made of.
     deadlocked = {k for f in findings if f.kind == KIND_DEADLOCK for k in f.op_keys}
     findings = [f for f in findings if not (f.kind == KIND_MISSING and set(f.op_keys) <= deadlocked)]
+    findings = _without_consequences_of_late(findings)
     freeze = find_freeze(job)
     if not any(f.culprit_ranks and f.kind != KIND_STRAGGLER for f in findings):
         # the dumps name no culprit: what lies beside them may (``beside``)
@@ -725,13 +834,26 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
             finding.culprit_frames = finding.stacks[0][1] if finding.stacks else ()
         elif finding.culprit_frames:
             finding.stacks = ((finding.culprit_ranks, finding.culprit_frames),)
-    weighed = verdict(findings, ops, evidence.timed, contradictions(job, freeze))
+    weighed = verdict(findings, ops, evidence.timed, contradictions(job, freeze), unseen(job, freeze))
     weighed.evidence += notes
     caveats = blind_spots(job)
     weighed.evidence += caveats
     if CRASH_SAYS in weighed.summary:
         weighed.category = CATEGORY_CRASH
     return Diagnosis(weighed, findings, evidence, victim_roles(context), notes, caveats, freeze)
+
+
+def _without_consequences_of_late(findings: list[Finding]) -> list[Finding]:
+    """Without the ranks that came late to an op after another cause, found earlier, or to an op that is
+    a cause already: once an op fails (a mismatch, a rank that never came), its members' timeouts and
+    errors make them late to what follows. Only a late entry that nothing else explains is a cause."""
+    causes = [f for f in findings if f.kind not in (KIND_AFTER_TIMEOUT, KIND_STRAGGLER) and _is_a_cause(f)]
+    first = min((f.time_ns for f in causes), default=None)
+    explained = {key for f in causes for key in f.op_keys}  # an op that is a cause already (a mismatch) says it
+    return [
+        f for f in findings
+        if f.kind != KIND_AFTER_TIMEOUT or ((first is None or f.time_ns < first) and not set(f.op_keys) & explained)
+    ]  # fmt: skip
 
 
 def victim_roles(context: _Context) -> dict[tuple[int, int], str]:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Report(_message.Message):
-    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems", "stacks", "log_events", "next_steps")
+    __slots__ = ("schema_version", "tool_version", "verdict", "findings", "job", "input_problems", "stacks", "log_events", "next_steps", "runs")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class Report(_message.Message):
     STACKS_FIELD_NUMBER: _ClassVar[int]
     LOG_EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     schema_version: str
     tool_version: str
     verdict: Verdict
@@ -26,7 +27,26 @@ class Report(_message.Message):
     stacks: _containers.RepeatedCompositeFieldContainer[RankStack]
     log_events: _containers.RepeatedCompositeFieldContainer[LogEvent]
     next_steps: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., log_events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., next_steps: _Optional[_Iterable[str]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[Run]
+    def __init__(self, schema_version: _Optional[str] = ..., tool_version: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., job: _Optional[_Union[JobSummary, _Mapping]] = ..., input_problems: _Optional[_Iterable[_Union[InputProblem, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., log_events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., next_steps: _Optional[_Iterable[str]] = ..., runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("name", "ranks", "files", "folders", "first_ns", "last_ns", "analysed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    FOLDERS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_NS_FIELD_NUMBER: _ClassVar[int]
+    ANALYSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    files: _containers.RepeatedScalarFieldContainer[str]
+    folders: _containers.RepeatedScalarFieldContainer[str]
+    first_ns: int
+    last_ns: int
+    analysed: bool
+    def __init__(self, name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., files: _Optional[_Iterable[str]] = ..., folders: _Optional[_Iterable[str]] = ..., first_ns: _Optional[int] = ..., last_ns: _Optional[int] = ..., analysed: _Optional[bool] = ...) -> None: ...
 
 class RankStack(_message.Message):
     __slots__ = ("rank", "time_ns", "source", "thread", "where", "in_collective", "frames")
@@ -140,7 +160,7 @@ class CulpritStack(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[int]] = ..., frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ("ranks", "ranks_with_dump", "missing_ranks", "groups", "ops", "dump_versions", "has_timing")
+    __slots__ = ("ranks", "ranks_with_dump", "missing_ranks", "groups", "ops", "dump_versions", "has_timing", "run")
     RANKS_FIELD_NUMBER: _ClassVar[int]
     RANKS_WITH_DUMP_FIELD_NUMBER: _ClassVar[int]
     MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +168,7 @@ class JobSummary(_message.Message):
     OPS_FIELD_NUMBER: _ClassVar[int]
     DUMP_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     HAS_TIMING_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     ranks: int
     ranks_with_dump: _containers.RepeatedScalarFieldContainer[int]
     missing_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -155,7 +176,8 @@ class JobSummary(_message.Message):
     ops: int
     dump_versions: _containers.RepeatedScalarFieldContainer[str]
     has_timing: bool
-    def __init__(self, ranks: _Optional[int] = ..., ranks_with_dump: _Optional[_Iterable[int]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., groups: _Optional[int] = ..., ops: _Optional[int] = ..., dump_versions: _Optional[_Iterable[str]] = ..., has_timing: _Optional[bool] = ...) -> None: ...
+    run: str
+    def __init__(self, ranks: _Optional[int] = ..., ranks_with_dump: _Optional[_Iterable[int]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., groups: _Optional[int] = ..., ops: _Optional[int] = ..., dump_versions: _Optional[_Iterable[str]] = ..., has_timing: _Optional[bool] = ..., run: _Optional[str] = ...) -> None: ...
 
 class InputProblem(_message.Message):
     __slots__ = ("path", "reason", "fatal")

@@ -11,7 +11,7 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import repeat
 from typing import TypeVar
@@ -37,7 +37,8 @@ from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
 from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
-from .redact import redact_dumps
+from .redact import Redactor, redact_dumps, redact_evidence, redact_problems
+from .runs import RankFile, Run, RunInfo, choose_run, find_runs, keeps_beside, left_out_notes, no_such_run
 from .stacks import parse_stacks
 
 
@@ -59,6 +60,10 @@ class Job:
     # rank -> (host, pid) of its process
     endings: dict[int, str] = field(default_factory=dict)
     processes: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # where the inputs held several runs of the job (``read.runs``): every one, newest first, and the
+    # name of the one read; with one run, nothing
+    runs: list[RunInfo] = field(default_factory=list)
+    run: str = ""
     _by_rank: dict[int, list[Group]] | None = None
     _ranks: list[int] | None = None
 
@@ -72,11 +77,16 @@ class Job:
 
     @property
     def ranks(self) -> list[int]:
-        """Every rank known: those with a dump and every member of a group."""
+        """Every rank known: those with a dump, every member of a group, and every rank below the highest of
+        them (a job's global ranks are 0 to its world size - 1: a gap is a rank that left no dump, even where
+        no group of those read lists it, as gloo's broken ``pg_config`` never does). The gap is filled only
+        while it is in proportion to the dumps read: a file named rank_9999999 does not make ten million."""
         if self._ranks is None:
             known = set(self.dumps)
             for group in self.groups:
                 known.update(group.members)
+            if known and max(known) < 2 * len(self.dumps) + 8:
+                known.update(range(max(known)))
             self._ranks = sorted(known)
         return self._ranks
 
@@ -211,10 +221,13 @@ def load_job(
     redact: bool = False,
     keep_names: bool = False,
     logs: list[str] | None = None,
+    run: str | None = None,
 ) -> Job:
     """Read all dumps named by ``inputs`` (directories searched through, archives, files, globs) into a
     ``Job``, with the stack snapshots and logs found among them (and in ``logs``).
 
+    Where the inputs hold several runs of the job (``read.runs``), only one is read: the newest, or the
+    one ``run`` names; each other run is one note in ``Job.problems``, and ``Job.runs`` lists them all.
     ``progress(done, total)`` is called as files are read; files over ``max_dump_bytes`` are refused.
     ``redact``: every string of the dumps that is not PyTorch's own becomes a placeholder before
     anything is made from them (``redact``; ``keep_names`` keeps the script's function and file names).
@@ -235,34 +248,37 @@ def load_job(
         # where nothing else was found, the files skipped are the answer: fatal, and said so
         alone = not (on_disk or found.archived or found.problems)
         problems.append(LoadProblem(" ".join(inputs), skipped_text(found.skipped, alone), fatal=alone))
-    dumps: dict[int, RankDump] = {}
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     results = [*read_files(on_disk, workers, advance, max_dump_bytes), *found.archived]
     advance(len(found.archived))
-    for result in results:
-        if isinstance(result, LoadProblem):
-            problems.append(result)
-            continue
-        if result.skipped_entries:
-            problems.append(
-                LoadProblem(
-                    result.path,
-                    f"{result.skipped_entries} malformed entries skipped ({result.skipped_reason})",
-                    fatal=False,
-                )
-            )
-        _keep_newest(dumps, result, problems)
-    if redact:
-        problems = redact_dumps(dumps, problems, keep_names)
-    if redact and (found.stacks or found.logs):
-        problems.append(LoadProblem("the inputs", "stack snapshots and logs are left out with --redact "
-                                    "(their text holds names and paths)", fatal=False))  # fmt: skip
+    read = [result for result in results if not isinstance(result, LoadProblem)]
+    problems += [result for result in results if isinstance(result, LoadProblem)]
+    runs = find_runs(read, _rank_files(found), by_folder=not redact)
+    if run is None:
+        chosen = runs[0] if runs else None
+    elif (chosen := choose_run(runs, run)) is None:
+        problems.append(no_such_run(runs, run))
+    dumps = _run_dumps(chosen, problems) if chosen is not None else {}
+    if chosen is not None and len(runs) > 1:  # the other runs' files, and what lies beside them, left out
+        problems += left_out_notes(runs, chosen, name_files=not redact)
+        found = _beside_run(found, keeps_beside(chosen, runs))
+    # Redaction is a view: everything beside the dumps is read all the same, then shown with the same
+    # placeholders, so that the verdict is the one an unredacted run gives.
+    redactor = Redactor(keep_names) if redact else None
+    if redactor is not None:
+        problems = redact_dumps(dumps, problems, redactor=redactor)
     job = build_job(dumps, problems)
-    if not redact:  # names and paths: left out with --redact
-        job.snapshots, job.log_events = _evidence(found, dumps, job.problems)
-        job.stacks = _choose_snapshots(job.snapshots, _dumped_at(dumps))
-        job.endings, job.processes, exceptions = _capture_files(found)
-        job.log_events += exceptions
+    if chosen is not None and len(runs) > 1:
+        job.runs, job.run = [_shown_run(each.info(), redactor) for each in runs], chosen.name
+    beside: list[LoadProblem] = []
+    job.snapshots, job.log_events = _evidence(found, dumps, beside)
+    job.endings, job.processes, exceptions = _capture_files(found)
+    job.log_events += exceptions
+    if redactor is not None:
+        redact_evidence(redactor, job.snapshots, job.log_events, job.endings, job.processes)
+        beside = redact_problems(beside, redactor)
+    job.problems += beside
+    job.stacks = _choose_snapshots(job.snapshots, _dumped_at(dumps))
     return job
 
 
@@ -288,21 +304,7 @@ def _capture_files(found: Found) -> tuple[dict[int, str], dict[int, tuple[str, i
         if line.startswith("exception: "):  # capture._excepthook: the exception that ended the rank
             events.append(LogEvent(name.rank, plausible_time(mtime), LOG_EXCEPTION, line.removeprefix("exception: "),
                                    path_text(source.path)))  # fmt: skip
-    processes: dict[int, tuple[str, int]] = {}
-    for source in found.rank_files:
-        try:  # capture.rank_file_text: JSON with the rank, its host and pid
-            value = json.loads(read_limited(source, SMALL_TEXT_LIMIT))
-            rank, host, pid = value["rank"], value["host"], value["pid"]
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if (
-            type(rank) is int
-            and 0 <= rank < MAX_RANK
-            and type(pid) is int
-            and 0 < pid < 1 << 31
-            and isinstance(host, str)
-        ):
-            processes[rank] = (shown(host[:MAX_ENDING]), pid)
+    processes = {rank_file.rank: (rank_file.host, rank_file.pid) for rank_file in _rank_files(found)}
     return endings, processes, events
 
 
@@ -330,16 +332,62 @@ def _read_member(path: str, data: bytes) -> RankDump | LoadProblem:
     return _problem_or(lambda _: read_dump(path, data), path)
 
 
-def _keep_newest(dumps: dict[int, RankDump], dump: RankDump, problems: list[LoadProblem]) -> None:
-    """Two dumps of one rank (periodic snapshots, a copy): the one whose entries end later is used."""
-    other = dumps.get(dump.rank)
-    if other is None:
-        dumps[dump.rank] = dump
-        return
-    newer, older = (dump, other) if (dump.time_range or (0, 0))[1] > (other.time_range or (0, 0))[1] else (other, dump)
-    dumps[dump.rank] = newer
-    problems.append(LoadProblem(older.path, f"rank {dump.rank} has a newer dump, {newer.path}: this one skipped",
-                                fatal=False))  # fmt: skip
+def _run_dumps(run: Run, problems: list[LoadProblem]) -> dict[int, RankDump]:
+    """The dumps of ``run`` by rank, with a note for each of its files read only in part and for each
+    older snapshot of a rank's process (periodic snapshots, a copy: the one whose entries end later is
+    used)."""
+    for dump in [*run.dumps.values(), *(older for older, _ in run.older)]:
+        if dump.skipped_entries:
+            why = f"{dump.skipped_entries} malformed entries skipped ({dump.skipped_reason})"
+            problems.append(LoadProblem(dump.path, why, fatal=False))
+    for older, newer in run.older:
+        problems.append(LoadProblem(older.path, f"rank {older.rank} has a newer dump, {newer.path}: this one "
+                                    "skipped", fatal=False))  # fmt: skip
+    return dict(run.dumps)
+
+
+def _shown_run(info: RunInfo, redactor: Redactor | None) -> RunInfo:
+    """A run as shown: with ``--redact``, its files named by rank only and its folders left out."""
+    if redactor is None:
+        return info
+    files = tuple(redactor.paths.get(path) or redactor.file(path) for path in info.files)
+    return replace(info, files=files, folders=())
+
+
+def _rank_files(found: Found) -> list[RankFile]:
+    """What each of the capture helper's rank files says (``capture.rank_file_text``: JSON with the rank,
+    its host, pid, process start and run); a file that says it otherwise is passed over."""
+    rank_files = []
+    for source in found.rank_files:
+        try:
+            value = json.loads(read_limited(source, SMALL_TEXT_LIMIT))
+            rank, host, pid = value["rank"], value["host"], value["pid"]
+            start, run = value.get("start"), value.get("run")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if not (
+            type(rank) is int
+            and 0 <= rank < MAX_RANK
+            and type(pid) is int
+            and 0 < pid < 1 << 31
+            and isinstance(host, str)
+        ):
+            continue
+        start = start if type(start) is int else None
+        run = shown(run[:MAX_ENDING]) if isinstance(run, str) and run else None
+        rank_files.append(RankFile(path_text(source.path), rank, shown(host[:MAX_ENDING]), pid, start, run))
+    return rank_files
+
+
+def _beside_run(found: Found, keeps: Callable[[str], bool]) -> Found:
+    """``found`` with only the files beside the dumps that ``keeps`` (those of the run read)."""
+    return replace(
+        found,
+        stacks=[s for s in found.stacks if keeps(s.path)],
+        logs=[s for s in found.logs if keeps(s.path)],
+        endings=[s for s in found.endings if keeps(s.path)],
+        rank_files=[s for s in found.rank_files if keeps(s.path)],
+    )
 
 
 DEFAULT_GROUP = "0"  # the name PyTorch gives the group init_process_group makes (the first one named)

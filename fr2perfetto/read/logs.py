@@ -83,7 +83,7 @@ _CHILD_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,8})\b")
 _CHILD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,10})\b")
 _CHILD_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
 _CHILD_TIME = re.compile(r"^\s*time\s*:\s*(\S+)")
-_SIGNAL = re.compile(r"Signal (\d{1,3}) \((\w{1,16})\)")
+_SIGNAL = re.compile(r"Signal (\d{1,3}) \((\w{1,16})\)(?: received by PID \d{1,10})?")
 _LOG_DIR_RANK = re.compile(r"attempt_\d{1,9}[/\\](\d{1,8})[/\\](?:stderr|stdout|error)")
 _NAME_RANK = re.compile(r"rank[_-]?(\d{1,8})(?!\d)", re.IGNORECASE)
 _INT32 = 1 << 31
@@ -189,7 +189,9 @@ def _child_failure(line: str, child: dict[str, str], year: int) -> tuple[int, st
             child.clear()
             return None
         signal = _SIGNAL.search(match.group(1))
-        how = f"killed by {signal.group(2)}" if signal else f"exit code {code}"
+        # torchrun's own sentence for a signal (``ProcessFailure``: "Signal 6 (SIGABRT) received by PID
+        # 4003") is quoted as it wrote it; any other traceback is the job's text, and is not
+        how = f'killed by {signal.group(2)}: "{signal.group(0)}"' if signal else f"exit code {code}"
         when = _time(child.get("time", "").replace("_", " "), year)
         failed = (int(child["rank"]), f"rank {child['rank']} failed ({how}) [torchrun]", when, str(code))
         child.clear()

@@ -9,6 +9,12 @@ torch's own code) and stays, or it becomes a stable placeholder: ``host1``, ``<d
 keeps those two), ``op1``, ``dtype1``, ``backend1``. Dump files are named by their rank only. The same
 input always gets the same placeholders. It runs on the dumps as read, before groups are resolved, so
 that everything made from them (tracks, findings, messages, the report) is made from redacted text.
+
+Redaction is a view: it changes what is shown, never what is known. The stack snapshots, logs and the
+capture helper's files beside the dumps are read as always and redacted with the same placeholders
+(``redact_evidence``): one value always becomes one placeholder, so every comparison the diagnosis makes
+(the same frame in two snapshots, the same group on two ranks) comes out as it does unredacted, and the
+verdict with it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,19 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..base.model import Entry, Frame, GroupConfig, LoadProblem, RankDump, group_counts
+from ..base.model import (
+    LOG_CHILD_FAILED,
+    LOG_WATCHDOG_TIMEOUT,
+    Entry,
+    Frame,
+    GroupConfig,
+    LoadProblem,
+    LogEvent,
+    RankDump,
+    StackSnapshot,
+    ThreadStack,
+    group_counts,
+)
 from .files import parse_dump_name
 
 KNOWN_OPS = {
@@ -62,6 +80,7 @@ class Redactor:
         self._given: dict[tuple[str, str], str] = {}
         self._frames: dict[Frame, Frame] = {}
         self._stacks: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}
+        self.paths: dict[str, str] = {}  # each input's path -> what is shown of it
 
     def placeholder(self, kind: str, value: str, form: str = "{kind}{number}") -> str:
         key = (kind, value)
@@ -141,12 +160,16 @@ class Redactor:
 
 
 def redact_dumps(
-    dumps: dict[int, RankDump], problems: list[LoadProblem], keep_names: bool = False
+    dumps: dict[int, RankDump],
+    problems: list[LoadProblem],
+    keep_names: bool = False,
+    redactor: Redactor | None = None,
 ) -> list[LoadProblem]:
     """Redact the dumps in place (paths, hosts, every string of every entry and of their configs) and
-    return the problems with their paths, and any path quoted in them, redacted."""
-    redactor = Redactor(keep_names)
-    paths: dict[str, str] = {}
+    return the problems with their paths, and any path quoted in them, redacted. ``redactor``: the one
+    whose placeholders the evidence beside the dumps gets too (``redact_evidence``)."""
+    redactor = redactor if redactor is not None else Redactor(keep_names)
+    paths = redactor.paths
     for rank in sorted(dumps):
         dump = dumps[rank]
         paths[dump.path] = dump.path = redactor.file(dump.path)
@@ -160,14 +183,88 @@ def redact_dumps(
         dump.pg_status = {redactor.group_name(key): value for key, value in dump.pg_status.items()}
         dump.entries = [_entry(redactor, entry) for entry in dump.entries]
         dump.group_counts = group_counts(dump.entries)
+    return redact_problems(problems, redactor)
+
+
+def redact_problems(problems: list[LoadProblem], redactor: Redactor) -> list[LoadProblem]:
+    """The problems with their paths, and any input's path quoted in them, as ``redactor`` shows them."""
     redacted = []
     for problem in problems:
-        path = paths.get(problem.path) or redactor.file(problem.path)
+        path = redactor.paths.get(problem.path) or redactor.file(problem.path)
         reason = problem.reason
-        for original, placeholder in paths.items():
+        for original, placeholder in redactor.paths.items():
             reason = reason.replace(original, placeholder)
         redacted.append(replace(problem, path=path, reason=_reason(reason)))
     return redacted
+
+
+# The first words of a log line or an ending that are PyTorch's or Python's own, kept: the kind of
+# exception (``RuntimeError``, ``torch.distributed.DistBackendError``) or the signal that ended a rank.
+_EXCEPTION_CLASS = re.compile(r"(?:[A-Za-z_][\w]{0,40}\.){0,4}[A-Z]\w{0,40}(?:Error|Exception|Interrupt|Exit)\b")
+_OWN_WORDS = re.compile(r"(exit|running|signal SIG[A-Z]{2,8})$")
+_DETAILS_KEPT = {"seq", "op", "timeout_ms", "ran_ms", "exitcode", "signal", "error"}
+LEFT_OUT = "…"
+WATCHDOG_WORDS = "Watchdog caught collective operation timeout"
+
+
+def redact_line(line: str) -> str:
+    """A log line or an ending with its text left out: only the exception's class (``exception:
+    RuntimeError: …``), or the words PyTorch and the capture helper write themselves, stay."""
+    prefix = ""
+    if line.startswith("exception: "):
+        prefix, line = "exception: ", line.removeprefix("exception: ")
+    if _OWN_WORDS.fullmatch(line):
+        return prefix + line
+    match = _EXCEPTION_CLASS.match(line)
+    kept = match.group(0) if match is not None and not line[match.end() : match.end() + 1].isalnum() else ""
+    return prefix + (f"{kept}: {LEFT_OUT}" if kept else LEFT_OUT)
+
+
+def redact_evidence(
+    redactor: Redactor,
+    snapshots: dict[int, list[StackSnapshot]],
+    events: list[LogEvent],
+    endings: dict[int, str],
+    processes: dict[int, tuple[str, int]],
+) -> None:
+    """Redact, in place, what lies beside the dumps with the dumps' placeholders: snapshots' frames and
+    sources, log lines (the exception's class and PyTorch's own numbers kept), how each rank ended, and
+    the capture helper's hosts. What they say (who waits where, who failed first) is kept whole."""
+    for taken in snapshots.values():
+        for snapshot in taken:
+            snapshot.source = _source(redactor, snapshot.source, "stacks")
+            snapshot.threads = [
+                ThreadStack(redactor.thread(t.name), redactor.stack(t.frames), t.current) for t in snapshot.threads
+            ]
+    for event in events:
+        event.line = _log_line(event)
+        event.source = _source(redactor, event.source, "log")
+        event.details = {key: value for key, value in event.details.items() if key in _DETAILS_KEPT}
+        if "op" in event.details:
+            event.details["op"] = redactor.op(event.details["op"])
+    for rank, ending in endings.items():
+        endings[rank] = redact_line(ending)
+    for rank, (host, pid) in processes.items():
+        processes[rank] = (redactor.host(host), pid)
+
+
+def _log_line(event: LogEvent) -> str:
+    """A log event's line as shown redacted: the watchdog's own sentence and torchrun's table (read into
+    fr2perfetto's words) stay; any other line keeps only the exception's class."""
+    if event.kind == LOG_CHILD_FAILED:
+        return event.line
+    if event.kind == LOG_WATCHDOG_TIMEOUT and (start := event.line.find(WATCHDOG_WORDS)) >= 0:
+        return event.line[start:]
+    return redact_line(event.line)
+
+
+def _source(redactor: Redactor, source: str, kind: str) -> str:
+    """A snapshot's or log line's source, ``path`` or ``path:line``: the file as ``<dumps>/stacks2``."""
+    path, colon, line = source.rpartition(":")
+    if not (colon and line.isdigit()):
+        path, line = source, ""
+    shown = redactor.paths.get(path) or "<dumps>/" + redactor.placeholder(kind, path)
+    return f"{shown}:{line}" if line else shown
 
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|(?<=the pickle asks for )[^;]+")

@@ -12,6 +12,7 @@ from ..base.text import code_block, markdown_text, shown
 from ..base.words import count, group_called, ranks_text, stacks_said_once
 from ..diagnose.verdict import KIND_STRAGGLER, Diagnosis
 from ..read.job import Job
+from ..read.runs import which_run
 
 MAX_FINDINGS = 20
 MAX_FRAMES = 12
@@ -42,6 +43,8 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         f"{count(len(job.dumps), 'dump')} read, {count(len(job.ranks), 'rank')}, {count(len(job.groups), 'group')}, "
         f"{count(len(ops), 'op')}" + (f"; no dump from {ranks_text(missing)}" if missing else "") + "."
     )
+    if job.run:  # the inputs held several runs: the report is of this one
+        lines += ["", markdown_text(which_run(job.runs, job.run))]
     if diagnosis.notes:
         lines += ["", "From the logs:", ""] + [f"- {markdown_text(note)}" for note in diagnosis.notes]
     if diagnosis.caveats:

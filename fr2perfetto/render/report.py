@@ -11,7 +11,7 @@ from ..proto import fr2perfetto_report_pb2 as report_pb2
 from ..read.job import Job
 from ..read.stacks import main_thread, where
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 _INT32_MAX = 2**31 - 1
 
 
@@ -58,6 +58,11 @@ def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report
     summary.ops = len(ops)
     summary.dump_versions.extend(sorted({d.version for d in job.dumps.values()}))
     summary.has_timing = any(d.has_timing for d in job.dumps.values())
+    summary.run = job.run
+    for info in job.runs:  # only where the inputs held several runs
+        first, last = info.span or (0, 0)
+        report.runs.add(name=info.name, ranks=info.ranks, files=info.files, folders=info.folders, first_ns=first,
+                        last_ns=last, analysed=info.name == job.run)  # fmt: skip
     for problem in job.problems:
         report.input_problems.add(path=problem.path, reason=problem.reason, fatal=problem.fatal)
     for rank, snapshot in sorted(job.stacks.items()):

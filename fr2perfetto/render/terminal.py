@@ -11,6 +11,7 @@ from ..base.text import shown
 from ..base.words import count, ranks_text, stacks_said_once
 from ..diagnose.verdict import HANG, HEALTHY, MISMATCH_STATUS, SLOW, Diagnosis, Finding
 from ..read.job import Job
+from ..read.runs import which_run
 
 STATUS_STYLE = {
     HANG: "bold white on red",
@@ -41,6 +42,8 @@ def render_analysis(console: Console, job: Job, diagnosis: Diagnosis, op_count: 
         f"{count(len(job.dumps), 'dump')} read, {count(len(job.ranks), 'rank')}, {count(len(job.groups), 'group')}, "
         f"{count(op_count, 'op')}" + (f"; no dump from {ranks_text(missing)}" if missing else "")
     )
+    if job.run:  # the inputs held several runs: the verdict is of this one
+        console.print(Text(shown(which_run(job.runs, job.run)), style="bold"))
     if diagnosis.notes:
         console.print(Text("From the logs:", style="bold"))
         for line in diagnosis.notes:
