@@ -81,7 +81,9 @@ def _where_they_are(evidence: Evidence, finding: Finding, crashes: dict[int, Log
                 summary += f"; rank {rank} is in {place}" + ("" if in_collective else ", not in a collective")
         if rank in crashes:
             event = crashes[rank]
-            lines.insert(1, f"rank {rank}'s log ({event.source}): {event.line}")
+            quoted = f"rank {rank}'s log ({event.source}): {event.line}"
+            if quoted not in lines:  # a rank without a dump has it quoted as its cause already
+                lines.insert(1, quoted)
     for rank in sorted(set(finding.ranks) - set(finding.culprit_ranks)):
         location = _location(evidence, rank)
         wait = evidence.waits.get(rank)
