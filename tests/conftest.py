@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "gloo_job" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.torch_job)
+
+
+def run_once(tmp_path_factory: pytest.TempPathFactory, run_scenario: Callable[[str, str], list[str]],
+             check: Callable[[str, list[str]], None] | None = None) -> Callable[[str], Path]:  # fmt: skip
+    """A function that runs a real job's scenario into a folder of its own the first time it is asked
+    for it in a session, and returns that folder (``check(name, files)`` looks at what it wrote)."""
+    cache: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name) / "dumps"
+            files = run_scenario(name, str(folder))
+            if check is not None:
+                check(name, files)
+            cache[name] = folder
+        return cache[name]
+
+    return run
 
 
 @pytest.fixture(scope="session")

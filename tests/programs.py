@@ -231,8 +231,7 @@ def _inject(scenario: Scenario, rng: random.Random) -> None:
         if fault == "lost_dump":
             scenario.lost = (rank,)
         return
-    plain = [i for i in comm if program[i].kind == sim.COLLECTIVE and not program[i].parts
-             and len(job.groups[program[i].group][1]) >= 2]  # fmt: skip
+    plain = _plain_collectives(job, program)
     if fault in ("skip", "size", "dtype", "op"):
         if fault == "size":
             plain = [i for i in plain if program[i].op in ("all_reduce", "broadcast", "_reduce_scatter_base")]

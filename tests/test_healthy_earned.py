@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, run_once
 
 sys.path.insert(0, str(ROOT / "samples"))
 import gloo_failures
@@ -33,16 +33,7 @@ CULPRIT = {"torchrun_abort": 2, "checkpoint_hang": 1, "pair_skip": 5}
 @pytest.fixture(scope="session")
 def failed_job(tmp_path_factory: pytest.TempPathFactory):
     """Run a scenario of ``gloo_failures`` once per session; return the folder it left."""
-    cache: dict[str, Path] = {}
-
-    def run(scenario: str) -> Path:
-        if scenario not in cache:
-            folder = tmp_path_factory.mktemp(scenario) / "dumps"
-            gloo_failures.run_scenario(scenario, str(folder))
-            cache[scenario] = folder
-        return cache[scenario]
-
-    return run
+    return run_once(tmp_path_factory, gloo_failures.run_scenario)
 
 
 def _analyze(folder: Path, *options: str) -> tuple[int, dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, run_once
 from .tracecheck import read_trace
 
 sys.path.insert(0, str(ROOT / "samples"))
@@ -27,17 +27,11 @@ STOP_LINE = (
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory: pytest.TempPathFactory):
     """A real 4-stage Schedule1F1B job on gloo under PyTorch's debug server, run once per session."""
-    cache: dict[str, Path] = {}
 
-    def run(scenario: str) -> Path:
-        if scenario not in cache:
-            folder = tmp_path_factory.mktemp(scenario) / "dumps"
-            files = gloo_pipeline.run_scenario(scenario, str(folder))
-            assert sum("gloo_trace_rank_" in f for f in files) == 4, files
-            cache[scenario] = folder
-        return cache[scenario]
+    def every_rank_dumped(scenario: str, files: list[str]) -> None:
+        assert sum("gloo_trace_rank_" in f for f in files) == 4, files
 
-    return run
+    return run_once(tmp_path_factory, gloo_pipeline.run_scenario, every_rank_dumped)
 
 
 def _analyze(*args: str) -> tuple[int, dict]:

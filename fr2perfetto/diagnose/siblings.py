@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..base.model import MISMATCH, Entry, Group, MatchedOp, head_entry, inner_entries, ranks_label
-from ..match.arguments import dtypes_that_agree, recorded_sizes, sizes_that_agree
+from ..match.arguments import dtypes_that_agree, recorded_sizes
+from ..match.ops import signature
 from .evidence import Evidence
 
 UNDESCRIBED = ("", "undefined", "default_pg")  # descriptions that do not tell one group from another
@@ -176,13 +177,13 @@ def odd_member(siblings: Siblings, op: MatchedOp) -> tuple[int, str] | None:
         sibling_op = siblings.collective(group, op.seq) if group is not op.group else None
         if sibling_op is None or sibling_op.status == MISMATCH or set(sibling_op.entries) != set(group.members):
             continue
-        values = {_part(entries, op.mismatch) for entries in sibling_op.entries.values()}
+        values = {signature(entries, op.mismatch) for entries in sibling_op.entries.values()}
         if len(values) == 1:
             agreed.setdefault(values.pop(), []).append(group)
     if len(agreed) != 1:
         return None  # no sibling has a say, or they disagree among themselves
     ((usual, agreeing),) = agreed.items()
-    odd = [rank for rank, entries in op.entries.items() if _part(entries, op.mismatch) != usual]
+    odd = [rank for rank, entries in op.entries.items() if signature(entries, op.mismatch) != usual]
     if len(odd) != 1 or len(op.entries) < 2:
         return None
     (rank,) = odd
@@ -191,16 +192,6 @@ def odd_member(siblings: Siblings, op: MatchedOp) -> tuple[int, str] | None:
         f"in {siblings_text(family, agreeing)} {all_members(family.size)} {usual_words} in their "
         f"{family.noun(1)}'s #{op.seq}; rank {rank} {_part_words(op.entries[rank], op.mismatch)}"
     )
-
-
-def _part(entries: list[Entry], mismatch: str) -> tuple[object, ...]:
-    """What of a member's part in an op must agree with the others', for a mismatch of that kind."""
-    inner = inner_entries(entries)
-    if mismatch == "op":
-        return tuple(e.op for e in inner)
-    if mismatch == "size":
-        return tuple(sizes_that_agree(e) for e in inner)
-    return tuple(dtypes_that_agree(e) for e in inner)
 
 
 def _part_words(entries: list[Entry], mismatch: str) -> str:

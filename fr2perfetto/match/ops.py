@@ -234,7 +234,7 @@ def _buffer_covers(dump: RankDump, time_ns: int) -> bool:
     return bool(dump.entries) and time_ns >= dump.entries[0].time_created_ns + CLOCK_MARGIN_NS
 
 
-def _signature(entries: list[Entry], what: str) -> tuple[object, ...]:
+def signature(entries: list[Entry], what: str) -> tuple[object, ...]:
     """What a rank passed to an op that every member must pass alike (``arguments``): its ops, the
     sizes their rule reads, or the dtypes they name."""
     inner = inner_entries(entries)
@@ -257,7 +257,7 @@ def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = Non
         return
     if op.kind == "collective" and len(op.entries) > 1 and not alike:
         for what in ("op", "size", "dtype"):
-            signatures = {rank: _signature(entries, what) for rank, entries in op.entries.items()}
+            signatures = {rank: signature(entries, what) for rank, entries in op.entries.items()}
             counts = Counter(signatures.values())
             if len(counts) > 1:
                 op.status = MISMATCH
