@@ -108,6 +108,31 @@ FIXED_SEEDS = {
 }
 
 
+# Seeds once undecided (two ranks' dumps looked symmetric) that the ranks' streams of ops now decide.
+DECIDED_BY_STREAMS = {
+    # 2 ranks: rank 0 skipped dp's 4096-element all_reduce, so its later dp ops carry the seqs of rank 1's
+    # earlier ones; its stream from there on is rank 1's with that op left out
+    1025: "mismatch culprits=[0] kinds=['size_mismatch'",
+    # 2 ranks, no timing: rank 0 skipped tp's all_reduce #4 and went on to default_pg's, as rank 1 did after it
+    354: "hang culprits=[0] kinds=['missing'",
+    # 4 ranks: rank 1 issued default_pg's all_reduce where the 3 others issued tp's all_reduce #30
+    468: "hang culprits=[1] kinds=['missing'",
+    # 4 ranks: rank 2 issued tp's all_reduce #13 where the 3 others issued default_pg's all_reduce #1
+    5631: "hang culprits=[2, 0, 1, 3] kinds=['deadlock'",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(DECIDED_BY_STREAMS))
+def test_streams_of_ops_decide_who_skipped(seed: int):
+    scenario, outcome, said = programs.run(seed)
+    assert outcome == programs.RIGHT, f"{scenario.describe()}\n  said: {said}"
+    assert said.startswith(DECIDED_BY_STREAMS[seed]), said
+    analysis = programs.analyse_documents(programs.dumps(scenario), scenario.json_ranks)
+    top = analysis.diagnosis.findings[0]
+    shown = "as a rank that skipped an op does" if len(top.ranks) == 2 else "where the 3 other members issued"
+    assert any(shown in line for line in top.evidence), top.evidence
+
+
 @pytest.mark.parametrize("seed", sorted(FIXED_SEEDS))
 def test_verdicts_once_wrong(seed: int):
     scenario, outcome, said = programs.run(seed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..base.model import COMPLETED, MISMATCH, MISSING, MatchedOp, state_entry
 from .evidence import WAIT_HELD, WAIT_MISMATCH, WAIT_MISSING, WAIT_NO_DUMP, WAIT_NOT_STARTED, WAIT_STUCK, Evidence
 from .siblings import Siblings, odd_member
+from .streams import parting
 from .symmetry import order_cycle, skipped_past
 
 
@@ -86,8 +87,16 @@ def assign_blame(evidence: Evidence) -> Blame:
                 continue
         if vague:
             ordered, why = order_cycle(evidence, sorted(component), siblings, only_siblings=True)
-            if not why:
+        if not why:
+            parted = _parted(evidence, component, siblings)
+            if parted is not None and parted[0] in parted[1].missing:  # it skipped the op
+                skipped[parted[0]] = (parted[1], parted[2])
+                culprits[parted[0]] = WAIT_MISSING
                 continue
+            if parted is not None:  # it went on past another op: the others wait for it in that one
+                ordered, why = [parted[0], *sorted(component - {parted[0]})], [parted[2]]
+        if vague and not why:
+            continue
         cycles.append(Cycle(ordered, why))
     in_sinks = set(culprits) | {r for cycle in cycles for r in cycle.ranks}
     for rank in waits:
@@ -96,7 +105,7 @@ def assign_blame(evidence: Evidence) -> Blame:
     causes.sort(key=lambda op: op.first_time_ns)
     odd_members = {
         op.op_key: found for op in evidence.ops
-        if op.status == MISMATCH and (found := odd_member(siblings, op)) is not None
+        if op.status == MISMATCH and (found := odd_member(siblings, op) or _parted_in(evidence, siblings, op))
     }  # fmt: skip
     return Blame(culprits, cycles, causes, victims, skipped, odd_members)
 
@@ -117,6 +126,30 @@ def _skippers(evidence: Evidence, component: set[int], siblings: Siblings) -> di
             if line is not None:
                 found[rank] = (op, line)
     return found
+
+
+def _parted(evidence: Evidence, component: set[int], siblings: Siblings) -> tuple[int, MatchedOp, str] | None:
+    """The rank of a sink component whose stream of ops left the program (``streams.parting``) at the
+    first collective some members never issued, that op, and what shows it."""
+    tested: set[str] = set()
+    for op in evidence.ops:
+        if op.status != MISSING or op.kind != "collective" or op.group.name in tested:
+            continue
+        if not any(r in component for r in op.entries) or not any(r in component for r in op.missing):
+            continue
+        tested.add(op.group.name)
+        found = parting(evidence, siblings, op)
+        if found is not None and found[0] in component:
+            return found[0], op, found[1]
+    return None
+
+
+def _parted_in(evidence: Evidence, siblings: Siblings, op: MatchedOp) -> tuple[int, str] | None:
+    """For a collective whose members disagree with no majority to tell: the member whose stream of
+    ops left the program at or before it (``streams.parting``)."""
+    if op.mismatch_ranks and len(op.mismatch_ranks) * 2 < len(op.entries):
+        return None  # a majority tells already
+    return parting(evidence, siblings, op)
 
 
 def _blocker_dropped(evidence: Evidence, rank: int) -> bool:
