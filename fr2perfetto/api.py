@@ -17,6 +17,7 @@ only when no dump at all could be read does ``load`` raise ``NoDumps``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -93,7 +94,7 @@ class Report:
 
 
 def load(
-    paths: list[str],
+    paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
     *,
     jobs: int | None = None,
     logs: list[str] | None = None,
@@ -110,7 +111,12 @@ def load(
     several runs of the job, the newest is read, or the one ``run`` names (its name in ``Job.runs``,
     its place there from 1, or its folder); ``Job.run`` says which. What could not be read, and each
     run left out, is in ``Job.problems``; raises ``NoDumps`` when no dump could be read (or ``run``
-    names none)."""
+    names none). A single path may be passed as it is."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one path, not a sequence of one-letter paths
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise TypeError(f"load() takes a path or a list of paths, not {type(paths).__name__}")
+    paths = [os.fspath(p) for p in paths]
     job = load_job(paths, jobs=jobs, progress=progress, max_dump_bytes=max(1, int(max_dump_mb * 2**20)),
                    redact=redact, keep_names=keep_names, logs=logs, run=run)  # fmt: skip
     if not job.dumps:
@@ -121,6 +127,8 @@ def load(
 def analyze(job: Job, *, inputs: list[str] | None = None) -> Report:
     """The verdict on a loaded job. ``inputs``: how the dumps were named, for the commands in the next
     steps (default: a placeholder)."""
+    if not isinstance(job, Job):
+        raise TypeError(f"analyze() takes the Job that load() returns, not {type(job).__name__}")
     analysis = analyse(job)
     diagnosis = analysis.diagnosis
     diagnosis.next_steps = next_steps(job, diagnosis, inputs or [])

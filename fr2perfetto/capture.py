@@ -27,6 +27,15 @@ When dumps are written:
   asks every rank it can reach to dump at once: ranks of the same run on its host by SIGUSR1, NCCL ranks
   anywhere through their debug pipes (``fr2perfetto trigger``).
 
+  A stop never hangs the rank. CPython runs a Python signal handler in the main thread, between two
+  bytecodes, so torchrun's second SIGTERM (it sends two, a moment apart) can run the stop handler again
+  inside the first one's dump, which holds the dump lock. So the stop handler claims the stop once (a
+  second stop signal is noted and nothing more), and a handler that finds its own thread inside a dump
+  (at exit, before ``destroy_process_group``, on an exception) leaves it to complete and carries the
+  stop out after it. The only lock a dump waits for is one another thread holds (the request thread's
+  dump), and that wait is bounded. Each file is renamed into place whole, so a rank killed at any point
+  leaves a whole dump or none.
+
 Handlers that were installed before are kept and called after the dump.
 
 What it touches, and nothing else:
@@ -64,7 +73,14 @@ WARM_UP_SECONDS = 0.5  # while no request comes, a warm-up dump is tried this of
 WARM_DUMP_BYTES = 400  # a dump with no entry is smaller than this
 RUN_KEY = "fr2perfetto/run"  # where the ranks agree on their run's nonce, in the default group's store
 _state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None, "run": None, "rank_file": None}
-_lock = threading.Lock()
+_lock = threading.Lock()  # one dump at a time: the request thread's and the main thread's
+LOCK_WAIT_SECONDS = 10.0  # how long a dump waits for another thread's dump in progress, at most
+# Threads inside ``dump``. Python runs a signal handler in the main thread between two bytecodes, so a
+# second SIGTERM (torchrun sends two, a moment apart) may run the stop handler again inside the first
+# one's dump, or inside a dump at exit: waiting there for ``_lock``, which that very dump holds, would
+# hang the rank for good. A handler that finds its own thread here notes the stop and returns; the dump
+# in progress completes, once, and then carries the stop out (``_deferred_stop``).
+_dumping: set[int] = set()
 
 
 class UnsafeFolder(OSError):
@@ -151,9 +167,24 @@ def write_into_folder(folder: str, name: str, data: bytes) -> str:
 
 
 def dump(folder: str | None = None, *, reason: str = "", ended: str = "running") -> str | None:
-    """Write this rank's Flight Recorder buffer now; return the file, or None if there is nothing to dump.
+    """Write this rank's Flight Recorder buffer now; return the file, or None if there is nothing to dump
+    (or if called again from a signal handler inside a dump of the same thread: that dump goes on).
 
     ``ended`` goes into ``<file>.ended``: how the process ended, or ``running``."""
+    me = threading.get_ident()
+    if me in _dumping:
+        return None
+    _dumping.add(me)
+    try:
+        return _dump(folder, reason, ended)
+    finally:
+        _dumping.discard(me)
+        stop = _state.pop("deferred_stop", None) if threading.current_thread() is threading.main_thread() else None
+        if stop is not None:
+            stop()
+
+
+def _dump(folder: str | None, reason: str, ended: str) -> str | None:
     import torch
     import torch.distributed as dist
 
@@ -167,7 +198,11 @@ def dump(folder: str | None = None, *, reason: str = "", ended: str = "running")
         data, name = c10d._dump_nccl_trace(), f"nccl_trace_rank_{rank}"
     else:
         data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
-    with _lock:  # the request thread and the main thread may dump at once
+    # The request thread and the main thread may dump at once; the other thread's dump ends (it waits for
+    # nothing of this thread's), but on a filesystem that hangs the wait is bounded all the same.
+    if not _lock.acquire(timeout=LOCK_WAIT_SECONDS):
+        raise TimeoutError(f"another dump of this rank took more than {LOCK_WAIT_SECONDS:.0f} s")
+    try:
         if ended == "running" and _state.get("ended"):
             return os.path.join(folder, name)  # a request served late never overwrites the dump of how it ended
         # how it ended first: whoever sees the new dump sees its .ended beside it
@@ -177,6 +212,8 @@ def dump(folder: str | None = None, *, reason: str = "", ended: str = "running")
             _state["ended"] = ended
         else:  # asked while it runs, perhaps hung: where its threads are says what the dump cannot
             _write_stacks(folder, rank)
+    finally:
+        _lock.release()
     if reason:
         print(f"fr2perfetto: rank {rank} dumped its Flight Recorder to {path} ({reason})", file=sys.stderr)
     return path
@@ -235,8 +272,7 @@ def install(
         sys.excepthook = hook
     if on_stop:
         for stop in (signal.SIGTERM, signal.SIGHUP):
-            _chain(stop, lambda signum: _try_dump(f"signal {signal.Signals(signum).name}",
-                                                  ended=f"signal {signal.Signals(signum).name}"))  # fmt: skip
+            _chain(stop, _dump_on_stop, once=True)
     _wrap_destroy()
     atexit.register(_at_exit if on_exit else _stop_serving)
 
@@ -257,11 +293,28 @@ def _stop_serving() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
-def _chain(signum: int, action: Callable[[int], None]) -> None:
-    """Run ``action`` on ``signum``, then what was there before (the default action included)."""
+def _dump_on_stop(signum: int) -> None:
+    name = signal.Signals(signum).name
+    _try_dump(f"signal {name}", ended=f"signal {name}")
+
+
+def _chain(signum: int, action: Callable[[int], None], *, once: bool = False) -> None:
+    """Run ``action`` on ``signum``, then what was there before (the default action included).
+
+    With ``once`` (a stop): a stop signal that comes while a stop is handled is noted and nothing more
+    (the first one ends the process); one that comes inside a dump of the main thread (at exit, before
+    ``destroy_process_group``, on an exception, or asked for) is carried out when that dump completes.
+    Both checks are single operations on a dict or a set, which a handler cannot interrupt halfway."""
     previous = signal.getsignal(signum)
 
     def handler(number: int, frame: FrameType | None) -> None:
+        if once:
+            if _state.setdefault("stopping", number) != number or _state.get("stop_started"):
+                return  # a second stop while the first is carried out
+            if threading.get_ident() in _dumping:
+                _state["deferred_stop"] = lambda: handler(number, frame)
+                return
+            _state["stop_started"] = True
         action(number)
         if callable(previous):
             previous(number, frame)

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from . import __version__, api
 from .base import cleanup
+from .base.encoding import tolerate_any_encoding
 from .base.gcpause import gc_paused
 from .base.model import LoadProblem, ranks_label
 from .base.speedups import SPEEDUPS
@@ -712,6 +713,8 @@ def main() -> None:
     _kept_until_exit = []
     for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(stop, _stopped)
+    tolerate_any_encoding(sys.stdout)
+    tolerate_any_encoding(sys.stderr)
     sys.stdout = _Guarded(sys.stdout)  # type: ignore[assignment]
     code: int
     try:

@@ -305,13 +305,17 @@ def refuse_to_open(path: str) -> str | None:
 def refuse_output(path: str, inputs: list[str]) -> str | None:
     """Why ``path`` must not be written (one line), or None: it must never replace evidence, so not one
     of the ``inputs``' files, and nothing but a regular file (not a symlink, a pipe, a device, a
-    folder), which writing a temporary file and renaming it over would replace."""
+    folder), which writing a temporary file and renaming it over would replace; and only into a folder
+    that exists."""
     if path == STDOUT:
         return "refusing to write a binary trace to a terminal" if sys.stdout.isatty() else None
     unnamed = None
     if output_format(path) is None:
         known = ", ".join([*PERFETTO_SUFFIXES, *JSON_SUFFIXES])
         unnamed = f"the name says no format: end it with one of {known} (or that and .gz)"
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):  # as cp does: a trace never makes folders (run as root: /etc/x)
+        return f"its folder {folder} does not exist"
     try:
         status = os.lstat(path)
     except FileNotFoundError:

@@ -42,3 +42,14 @@ def test_a_healthy_job_is_healthy_and_a_folder_without_dumps_raises(tmp_path: Pa
     with pytest.raises(fr2perfetto.NoDumps) as raised:
         fr2perfetto.load([str(tmp_path)])
     assert raised.value.problems and "no Flight Recorder dump" in str(raised.value)
+
+
+def test_a_single_path_is_a_path_and_wrong_types_say_what_is_wanted():
+    folder = SAMPLES / "gloo" / "skip"
+    for given in (str(folder), folder):  # a string or a Path, not a list of one-letter paths
+        job = fr2perfetto.load(given)
+        assert sorted(job.dumps) == [0, 1, 2, 3]
+    with pytest.raises(TypeError, match="load\\(\\) takes a path or a list of paths, not int"):
+        fr2perfetto.load(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="analyze\\(\\) takes the Job that load\\(\\) returns, not NoneType"):
+        fr2perfetto.analyze(None)  # type: ignore[arg-type]

@@ -154,3 +154,66 @@ def test_one_documented_command_dumps_every_blocked_gloo_rank_and_analyze_names_
     report = json.loads(stdout)
     assert code == 1 and report["verdict"]["culprit_ranks"][:1] == [2], report["verdict"]
     assert "rank 2" in report["verdict"]["summary"]
+
+
+# Writes made slow (300 ms per write and per rename: a shared filesystem), a filled buffer, rank 0
+# blocked in an all_reduce that rank 1, asleep, never joins.
+SLOW_STOP_SCRIPT = """
+import os, sys, time
+from datetime import timedelta
+real_replace = os.replace
+def slow_replace(*args, **kwargs):
+    time.sleep(0.3)
+    return real_replace(*args, **kwargs)
+os.replace = slow_replace
+real_fdopen = os.fdopen
+class SlowFile:
+    def __init__(self, handle): self.handle = handle
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.handle.close()
+    def write(self, data):
+        time.sleep(0.3)
+        return self.handle.write(data)
+os.fdopen = lambda *a, **k: SlowFile(real_fdopen(*a, **k))
+from fr2perfetto import capture
+capture.configure(sys.argv[1], buffer_size=64)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+capture.install()
+t = torch.ones(4)
+for _ in range(100):
+    dist.all_reduce(t)
+print("ready", flush=True)
+if dist.get_rank() == 1:
+    time.sleep(600)
+dist.all_reduce(t)
+"""
+STOP_ROUNDS = int(os.environ.get("FR2PERFETTO_STOP_ROUNDS", "3"))  # the release check runs 20
+STOP_BOUND = 20  # seconds from the first SIGTERM within which every rank has ended
+
+
+@pytest.mark.parametrize("round_", range(STOP_ROUNDS))
+def test_two_sigterms_in_a_slow_dump_never_hang_a_rank(tmp_path: Path, round_: int):
+    script = tmp_path / "train.py"
+    script.write_text(SLOW_STOP_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 2)
+    # torchrun's two SIGTERMs come a moment apart; 0.5 s lands inside the slow writes of the first dump
+    gap = [0.5, 0.001, 0.1][round_ % 3]
+    try:
+        wait_ready(ranks)
+        time.sleep(1)  # rank 0 is in the all_reduce rank 1 never joins
+        for _ in range(2):
+            for process in ranks:
+                process.send_signal(signal.SIGTERM)
+            time.sleep(gap)
+        assert wait_until(lambda: all(p.poll() is not None for p in ranks), STOP_BOUND, every=0.1), "a rank hangs"
+    finally:
+        stop_ranks(ranks)
+    from fr2perfetto.read.job import load_job
+
+    for rank in (0, 1):
+        assert (dumps / f"gloo_trace_rank_{rank}.ended").read_text() == "signal SIGTERM\n"
+    job = load_job([str(dumps)])
+    assert not job.problems and sorted(job.dumps) == [0, 1]  # whole dumps, both read
+    assert not list(dumps.glob(".*partial"))  # no half-written file left behind

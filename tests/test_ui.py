@@ -271,3 +271,30 @@ def test_no_sample_carries_the_path_of_the_machine_that_made_it():
     # the frames read as a job's would: a virtualenv, the standard library, the job's own folder
     data = b"".join(p.read_bytes() for p in (ROOT / "samples" / "gloo").rglob("*rank*"))
     assert b"/opt/venv/lib/python3.11/site-packages/torch/" in data and b"/job/samples/gloo_jobs.py" in data
+
+
+@pytest.mark.parametrize(
+    "command", [["analyze"], ["analyze", "--format", "markdown"], ["info"]], ids=["analyze", "markdown", "info"]
+)
+def test_an_ascii_only_output_gets_the_verdict_and_no_traceback(tmp_path: Path, command: list[str]):
+    import os
+    import subprocess
+    import sys
+
+    demo = Path(__file__).resolve().parent.parent / "samples" / "nccl" / "demo"
+    env = {**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "ascii"}  # CI logs, cron, old terminals
+    done = subprocess.run([sys.executable, "-m", "fr2perfetto", *command, str(demo)], env=env,
+                          capture_output=True, timeout=300)  # fmt: skip
+    assert b"Traceback" not in done.stderr and done.returncode == (0 if command == ["info"] else 1)
+    text = done.stdout.decode("ascii")  # every byte is ASCII
+    assert ("8 dumps, 8 ranks" if command == ["info"] else "rank 5 never issued") in text
+
+
+def test_a_trace_into_a_folder_that_does_not_exist_is_refused_as_cp_would(tmp_path: Path):
+    from .conftest import run_cli
+
+    demo = Path(__file__).resolve().parent.parent / "samples" / "nccl" / "demo"
+    target = tmp_path / "made" / "up" / "crash.pftrace"
+    code, _, stderr = run_cli("convert", str(demo), "-o", str(target))
+    assert code == 2 and f"its folder {target.parent} does not exist" in stderr.replace("\n", "")
+    assert not (tmp_path / "made").exists()  # no folder made on the way
