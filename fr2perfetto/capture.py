@@ -29,12 +29,24 @@ When dumps are written:
 
   A stop never hangs the rank. CPython runs a Python signal handler in the main thread, between two
   bytecodes, so torchrun's second SIGTERM (it sends two, a moment apart) can run the stop handler again
-  inside the first one's dump, which holds the dump lock. So the stop handler claims the stop once (a
-  second stop signal is noted and nothing more), and a handler that finds its own thread inside a dump
-  (at exit, before ``destroy_process_group``, on an exception) leaves it to complete and carries the
-  stop out after it. The only lock a dump waits for is one another thread holds (the request thread's
-  dump), and that wait is bounded. Each file is renamed into place whole, so a rank killed at any point
-  leaves a whole dump or none.
+  inside the first one's dump, which holds the dump lock. So a stop is claimed once (a second stop
+  signal is noted and nothing more), and a handler that finds its own thread inside a dump (at exit,
+  before ``destroy_process_group``, on an exception) leaves it to complete and carries the stop out
+  after it. The only lock a dump waits for is one another thread holds (the request thread's dump), and
+  that wait is bounded. Each file is renamed into place whole, so a rank killed at any point leaves a
+  whole dump or none.
+
+  And a rank whose main thread is blocked in a collective (the hung rank, whose dump matters most)
+  runs no Python handler until the collective returns, which may be never: torchrun's SIGKILL would
+  come first and take the evidence with it. The request thread sees every signal's number too (the
+  wakeup pipe), so when the main thread has not claimed a stop within ``STOP_GRACE_SECONDS``, the
+  thread claims it, dumps, and ends the process with status 128 + the signal's number (only the main
+  thread may restore a signal's default action, and it is blocked).
+
+  The rest of the review: a dump request (SIGUSR1) during a stop waits for the stop's dump and then
+  writes nothing (the stop's dump says how the rank ended, and no later dump replaces it); an exception
+  inside a dump is printed in one line and the stop goes on, without a dump; a stop during the dump at
+  exit is carried out after that dump, which already says how the rank ended, so none is written again.
 
 Handlers that were installed before are kept and called after the dump.
 
@@ -75,6 +87,10 @@ RUN_KEY = "fr2perfetto/run"  # where the ranks agree on their run's nonce, in th
 _state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None, "run": None, "rank_file": None}
 _lock = threading.Lock()  # one dump at a time: the request thread's and the main thread's
 LOCK_WAIT_SECONDS = 10.0  # how long a dump waits for another thread's dump in progress, at most
+# How long the request thread leaves a stop to the main thread before it carries the stop out itself:
+# far below the time launchers give a stopped process before SIGKILL (torchrun: 30 s).
+STOP_GRACE_SECONDS = 2.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # Threads inside ``dump``. Python runs a signal handler in the main thread between two bytecodes, so a
 # second SIGTERM (torchrun sends two, a moment apart) may run the stop handler again inside the first
 # one's dump, or inside a dump at exit: waiting there for ``_lock``, which that very dump holds, would
@@ -271,7 +287,8 @@ def install(
 
         sys.excepthook = hook
     if on_stop:
-        for stop in (signal.SIGTERM, signal.SIGHUP):
+        _state["stop_watched"] = True
+        for stop in STOP_SIGNALS:
             _chain(stop, _dump_on_stop, once=True)
     _wrap_destroy()
     atexit.register(_at_exit if on_exit else _stop_serving)
@@ -294,8 +311,36 @@ def _stop_serving() -> None:
 
 
 def _dump_on_stop(signum: int) -> None:
+    if _state.get("ended"):  # at exit, on an exception or before destroy_process_group: said already
+        return
     name = signal.Signals(signum).name
     _try_dump(f"signal {name}", ended=f"signal {name}")
+
+
+def _claim_stop() -> bool:
+    """Whether the caller is the first to handle a stop: one ``setdefault`` with a token of its own,
+    which no handler can interrupt halfway, so exactly one caller, of either thread, gets True."""
+    token = object()
+    return _state.setdefault("stop_owner", token) is token
+
+
+def _stop_if_main_cannot(signum: int) -> None:
+    """In the request thread, told of stop signal ``signum``: unless the main thread claims the stop
+    within ``STOP_GRACE_SECONDS`` (it is blocked in C++, running no Python handler), claim it, dump, and
+    end the process."""
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        if "stop_owner" in _state:
+            return
+        time.sleep(0.02)
+    if not _claim_stop():
+        return
+    name = signal.Signals(signum).name
+    _try_dump(f"signal {name}, its main thread blocked", ended=f"signal {name}")
+    _remove_rank_file()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(128 + signum)  # a shell's status for a process ended by this signal
 
 
 def _chain(signum: int, action: Callable[[int], None], *, once: bool = False) -> None:
@@ -309,12 +354,14 @@ def _chain(signum: int, action: Callable[[int], None], *, once: bool = False) ->
 
     def handler(number: int, frame: FrameType | None) -> None:
         if once:
-            if _state.setdefault("stopping", number) != number or _state.get("stop_started"):
-                return  # a second stop while the first is carried out
+            if not _claim_stop():
+                return  # a second stop while the first is carried out (by this thread or the request thread)
             if threading.get_ident() in _dumping:
-                _state["deferred_stop"] = lambda: handler(number, frame)
+                _state["deferred_stop"] = lambda: carry_out(number, frame)
                 return
-            _state["stop_started"] = True
+        carry_out(number, frame)
+
+    def carry_out(number: int, frame: FrameType | None) -> None:
         action(number)
         if callable(previous):
             previous(number, frame)
@@ -359,6 +406,9 @@ def _serve_requests(signum: int) -> None:
                     os.write(previous_fd, numbers)
             if signum in numbers:
                 _try_dump(f"signal {signal.Signals(signum).name}")
+            stops = [number for number in STOP_SIGNALS if number in numbers]
+            if stops and _state.get("stop_watched"):
+                _stop_if_main_cannot(stops[0])
 
     threading.Thread(target=serve, name="fr2perfetto-dump-requests", daemon=True).start()
 

@@ -6,9 +6,12 @@ Every error a user can cause ends in a one-line message and a non-zero exit code
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import gc
 import math
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -27,18 +31,18 @@ from . import __version__, api
 from .base import cleanup
 from .base.encoding import tolerate_any_encoding
 from .base.gcpause import gc_paused
-from .base.model import LoadProblem, ranks_label
+from .base.model import Finding, LoadProblem, ranks_label
 from .base.speedups import SPEEDUPS
 from .base.text import shown
-from .base.words import count
-from .convert import STDOUT, refuse_output, refuse_to_open
+from .base.words import count, ranks_text
+from .convert import STDOUT, left_out, refuse_output, refuse_to_open
 from .diagnose.verdict import exit_code
 from .layout.fold import choose_ranks, parse_ranks
 from .read.job import Job
 from .read.runs import run_argument, which_run
 from .render.markdown import render_markdown
 from .render.report import build_report, report_json
-from .render.terminal import render_analysis
+from .render.terminal import Listed, StandardOutput, render_analysis
 from .serve import UI_PORT, link_to, serve_once
 from .trigger import signal_ranks, trigger_dumps
 
@@ -66,7 +70,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # No console markup: what is printed holds text from dumps (group names, paths), which must print as is.
-out = Console(highlight=False, markup=False)
+# Standard output wraps to the width on a terminal only: piped, a line stays one line (see StandardOutput).
+out = StandardOutput(highlight=False, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
@@ -169,6 +174,11 @@ def _load(
 ) -> Job:
     """Load the dumps (``api.load``; of one run, where they hold several), report each bad file in one
     line, and stop when nothing could be read."""
+    if keep_names and not redact:
+        # refused, not ignored: who asks to keep some names meant to redact the rest, and would share them all
+        _error("--keep-names only applies with --redact (it keeps the script's names as the rest is redacted): "
+               "add --redact, or leave --keep-names out")  # fmt: skip
+        raise typer.Exit(EXIT_UNUSABLE)
     _megabytes(max_dump_mb, "--max-dump-size")
     options = {"jobs": jobs or (os.cpu_count() or 1), "max_dump_mb": max_dump_mb, "redact": redact,
                "keep_names": keep_names, "logs": logs, "run": run}  # fmt: skip
@@ -332,6 +342,9 @@ def convert(
             f"{output}: {_human_size(size)}, over --max-size {max_size_mb:g} MB by {_human_size(size - max_bytes)}: "
             "what the findings are about is never folded away; choose less with --ranks, --groups or --window"
         )
+    hidden = left_out(analysis, chosen_ranks, chosen_groups)
+    if hidden is not None:  # as the size warning: what the trace lacks is said whatever --quiet asks
+        _warning(hidden)
     if not quiet:
         verdict = analysis.diagnosis.verdict
         out.print(
@@ -358,30 +371,37 @@ def convert(
 
 
 def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
-    over_ssh = bool(os.environ.get("SSH_CONNECTION"))
-    # no display on Linux: a remote shell too, most likely, whatever the browser module tries
-    remote = over_ssh or (sys.platform.startswith("linux") and not os.environ.get("DISPLAY")
-                          and not os.environ.get("WAYLAND_DISPLAY"))  # fmt: skip
+    # Only what sshd sets says the shell is remote (and its browser elsewhere): a local shell with no
+    # display (a container, a console) is no remote shell, and told to forward a port it would be misled.
+    remote = any(os.environ.get(name) for name in ("SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY"))
 
     def announce(link: str, opened: bool) -> None:
         if opened and not quiet:
             out.print("Opening the trace in your browser; serving it once from 127.0.0.1 (Ctrl-C stops).")
-        elif not opened:
+        elif not opened and remote:
             served = link.split("127.0.0.1:", 1)[1].split("/", 1)[0] if "127.0.0.1:" in link else port
-            if remote:
-                out.print(
-                    f"This is a remote shell. On your own machine, forward the port first:\n"
-                    f"  ssh -L {served}:127.0.0.1:{served} {socket.gethostname()}",
-                    soft_wrap=True,
-                )
-            where = "there" if remote else "on this machine"
-            out.print(f"Open this link in a browser {where} (Ctrl-C stops):\n{link}", soft_wrap=True)
+            out.print(
+                f"This is a remote shell. On your own machine, forward the port first:\n"
+                f"  ssh -L {served}:127.0.0.1:{served} {socket.gethostname()}",
+                soft_wrap=True,
+            )
+            out.print(f"Open this link in a browser there (Ctrl-C stops):\n{link}", soft_wrap=True)
+        elif not opened:
+            out.print(
+                f"No browser could be opened here: open this link in a browser on this machine (Ctrl-C stops):\n{link}",
+                soft_wrap=True,
+            )
 
     try:
         fetched = serve_once(path, port=port, announce=announce,
-                             open_browser=(lambda _: False) if over_ssh else None)  # fmt: skip
+                             open_browser=(lambda _: False) if remote else None)  # fmt: skip
     except OSError as error:
-        _error(f"cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
+        if error.errno == errno.EADDRINUSE:
+            holder = " (another fr2perfetto open, or trace_processor --httpd?)" if port == UI_PORT else ""
+            _error(f"cannot serve {path}: port {port} on 127.0.0.1 is in use{holder}: stop what holds it, or choose "
+                   "another port with --port PORT")  # fmt: skip
+        else:
+            _error(f"cannot serve {path} on 127.0.0.1:{port} ({error.strerror or error})")
         raise typer.Exit(EXIT_UNUSABLE) from None
     if not quiet:
         out.print("The UI fetched the trace; server stopped." if fetched else "Stopped.")
@@ -429,25 +449,70 @@ def open_command(
 RIGHT_ALIGNED = {"rank", "entries", "size"}
 
 
-def _fitting_table(title: str, columns: list[str], rows: list[list[str | Text]], droppable: tuple[str, ...]) -> Table:
-    """A table that fits the terminal: cells wrap, headers never shrink below their text, and the
-    ``droppable`` columns are left out, in that order, while it would still be too wide (said in its
-    caption). Every text cell is ``shown``: it holds names from the dumps."""
-    rows = [[cell if isinstance(cell, Text) else shown(cell) for cell in row] for row in rows]
-    # the width each column takes unwrapped: its widest cell, with a bar and two spaces beside it
-    widths = {
-        column: 3 + max([len(column)] + [len(str(row[index])) for row in rows]) for index, column in enumerate(columns)
-    }
+def _table_width(widths: list[int]) -> int:
+    """How wide a table is whose columns hold ``widths`` characters: a bar and two spaces beside each."""
+    return 1 + sum(3 + width for width in widths)
+
+
+def _kept_columns(
+    columns: list[str], natural: dict[str, int], room: int, droppable: tuple[str, ...], then: tuple[str, ...]
+) -> list[str]:
+    """The columns a table keeps in ``room`` characters: the ``droppable`` ones are left out, in that
+    order, while the table would wrap a cell; then, while even each whole header on one line would not
+    fit, those in ``then`` and after them the others from the right. The first column kept (what a row
+    is of) stays, however narrow the room."""
     kept = list(columns)
     for candidate in droppable:
-        if 1 + sum(widths[column] for column in kept) <= out.width:
+        if _table_width([natural[c] for c in kept]) <= room:
             break
         if candidate in kept:
             kept.remove(candidate)
+    for candidate in [*then, *reversed(kept[1:])]:
+        if _table_width([cell_len(c) for c in kept]) <= room:
+            break
+        if candidate in kept[1:]:
+            kept.remove(candidate)
+    return kept
+
+
+def _column_widths(kept: list[str], natural: dict[str, int], room: int) -> dict[str, int]:
+    """The width of each kept column: its widest cell where the table fits ``room``; else the widest
+    columns narrowed first (their cells wrap), none below its header, which stays whole on one line."""
+    widths = {column: natural[column] for column in kept}
+    excess = _table_width(list(widths.values())) - room
+    while excess > 0:
+        narrowable = [c for c in kept if widths[c] > cell_len(c)]
+        if not narrowable:
+            break  # a room narrower than the first header: rich crops what is left
+        widest = max(narrowable, key=lambda c: widths[c])
+        widths[widest] -= 1
+        excess -= 1
+    return widths
+
+
+def _fitting_table(
+    title: str,
+    columns: list[str],
+    rows: list[list[str | Text]],
+    droppable: tuple[str, ...],
+    then: tuple[str, ...] = (),
+) -> Table:
+    """A table that fits the terminal: cells wrap, each header stays whole on one line, and columns are
+    left out while it would still be too wide (``droppable``, then ``then``: see ``_kept_columns``; its
+    caption names them). Every text cell is ``shown``: it holds names from the dumps."""
+    rows = [[cell if isinstance(cell, Text) else shown(cell) for cell in row] for row in rows]
+    # the width each column takes unwrapped: its widest cell (or header)
+    natural = {
+        column: max([cell_len(column)] + [cell_len(str(row[index])) for row in rows])
+        for index, column in enumerate(columns)
+    }
+    kept = _kept_columns(columns, natural, out.width, droppable, then)
+    # rich narrows columns below their headers' width to fit (and then crops the table): the widths are set here
+    widths = _column_widths(kept, natural, out.width)
     table = Table(title=title, title_justify="left", caption_justify="left")
     for column in kept:
         justify = "right" if column in RIGHT_ALIGNED else "left"
-        table.add_column(column, justify=justify, min_width=len(column), overflow="fold")
+        table.add_column(column, justify=justify, width=widths[column], overflow="fold")
     for row in rows:
         table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in kept))
     left_out = [c for c in columns if c not in kept]
@@ -468,7 +533,7 @@ def info(
     """A quick look before converting: ranks, hosts, versions, groups, entries, time ranges (and, where
     the dumps hold several runs of the job, the runs: the rest is of one)."""
     with gc_paused():
-        job = _load(inputs, jobs, True, redact, max_dump_mb, keep_names, run=run)
+        job = _load(inputs, jobs, False, redact, max_dump_mb, keep_names, run=run)
         _keep_until_exit(job)
     if job.runs:
         _print_runs(job)
@@ -478,22 +543,41 @@ def info(
     with_endings = bool(job.endings)
     columns = ["rank", *(["host"] if with_hosts else []), "file", "version", "format", "backend", "entries",
                "first op", "last op", *(["ended"] if with_endings else [])]  # fmt: skip
-    rows = []
+    rows: list[list[str | Text]] = []
+    dumpless: list[int] = []  # ranks in a row without a dump, nor anything else to say: one row for them all
+
+    def say_dumpless() -> None:
+        if dumpless:
+            host = [""] if with_hosts else []
+            ended = [""] if with_endings else []
+            rows.append([ranks_label(dumpless), *host, Text("no dump", style="red"), "", "", "", "", "", "", *ended])
+            dumpless.clear()
+
     for rank in job.ranks:
         dump = job.dumps.get(rank)
         host = [job.host_of(rank) or ""] if with_hosts else []
         ended = [job.endings.get(rank, "")] if with_endings else []
         if dump is None:
+            if not any(host + ended) and (not dumpless or dumpless[-1] == rank - 1):
+                dumpless.append(rank)
+                continue
+            say_dumpless()
+            if not any(host + ended):
+                dumpless.append(rank)
+                continue
             rows.append([str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", "", *ended])
             continue
+        say_dumpless()
         backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
         times = [e.time_created_ns for e in dump.entries]
         first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
         rows.append([str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
                      str(len(dump.entries)), first, last, *ended])  # fmt: skip
+    say_dumpless()
     title = f"{count(len(job.dumps), 'dump')}, {count(len(job.ranks), 'rank')}, {day} (times UTC)"
     droppable = ("backend", "format", "version", "first op", "host")  # how a rank ended stays: it may be why
-    out.print(_fitting_table(title, columns, rows, droppable=droppable))
+    # where even the headers would not fit: the file (or "no dump") says most after the rank and its ending
+    out.print(_fitting_table(title, columns, rows, droppable=droppable, then=("entries", "last op", "file")))
     group_rows = []
     for group in job.groups:
         dumped = sum(1 for r in group.members if r in job.dumps)
@@ -562,8 +646,46 @@ def trigger(
     out.print(f"Asked {asked} {'rank' if asked == 1 else 'ranks'} to dump into {shown(str(folder))}{times}.")
 
 
+def _rank_ranges(text: str | None) -> list[tuple[int, int]] | None:
+    """``--ranks`` as ranges of ranks (None: not given); one line and exit 2 where it is no list of ranks."""
+    if text is None:
+        return None
+    try:
+        return parse_ranks(text)
+    except ValueError as error:
+        _error(f"--ranks: {error}")
+        raise typer.Exit(EXIT_UNUSABLE) from None
+
+
+def _narrowed(findings: list[Finding], ranks: set[int] | None, groups: set[str] | None) -> list[tuple[int, Finding]]:
+    """The findings (each with its number among them, from 1) that involve or blame one of ``ranks`` and
+    lie in one of ``groups`` (by name or description); None: that does not narrow them. A finding about
+    no rank, or in no group, is then about none of those asked for."""
+    numbered = list(enumerate(findings, start=1))
+    if ranks is not None:
+        numbered = [(n, f) for n, f in numbered if ranks.intersection(f.ranks) or ranks.intersection(f.culprit_ranks)]
+    if groups is not None:
+        numbered = [(n, f) for n, f in numbered if f.group is not None and {f.group.name, f.group.desc} & groups]
+    return numbered
+
+
+def _scope(ranks: set[int] | None, groups: set[str] | None) -> str:
+    """What narrowed the findings, for the report to say: ``findings of ranks 2-3 in group tp only (--ranks,
+    --groups)``; empty where nothing did."""
+    if ranks is None and groups is None:
+        return ""
+    words = ["findings"]
+    if ranks is not None:
+        words.append("of " + ranks_text(sorted(ranks)))
+    if groups is not None:
+        words.append(("in group " if len(groups) == 1 else "in groups ") + ", ".join(sorted(groups)))
+    flags = ", ".join(flag for flag, given in (("--ranks", ranks), ("--groups", groups)) if given is not None)
+    return " ".join(words) + f" only ({flags})"
+
+
 @app.command(
     epilog="Examples:\n\n  fr2perfetto analyze dumps/\n\n  fr2perfetto analyze dumps/ --json > report.json\n\n"
+    "  fr2perfetto analyze dumps/ --ranks 4-7 --all\n\n"
     "Exit codes: 0 healthy, 1 a problem found (hang, mismatch, crash or slow), 2 unusable input, "
     "3 undecided (what is missing to decide is said)."
 )
@@ -587,6 +709,27 @@ def analyze(
     max_dump_mb: MaxDumpSize = 1024,
     logs: Logs = None,
     run: RunName = None,
+    ranks: Annotated[
+        str | None,
+        typer.Option(
+            "--ranks",
+            metavar="RANKS",
+            show_default=False,
+            help="Only the findings that involve these ranks, e.g. 0-7,85 (the verdict and exit code stay the job's).",
+        ),
+    ] = None,
+    groups: Annotated[
+        str | None,
+        typer.Option(
+            "--groups",
+            metavar="GROUPS",
+            show_default=False,
+            help="Only the findings in these groups, by name or desc, e.g. tp,0.",
+        ),
+    ] = None,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Every finding, not only the first 12 (20 with --format markdown).")
+    ] = False,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
     if output_format not in ("text", "markdown", "json"):
@@ -597,21 +740,36 @@ def analyze(
         raise typer.Exit(EXIT_UNUSABLE)
     as_json = as_json or output_format == "json"
     plain = as_json or output_format == "markdown"
+    rank_ranges = _rank_ranges(ranks)
     with gc_paused():
         job = _load(inputs, jobs, quiet or plain, redact, max_dump_mb, keep_names, logs, run)
+        chosen_ranks = _chosen_ranks(rank_ranges, job)
+        chosen_groups = _chosen_groups(groups, job)
         given = _as_given(inputs, redact, job)
         report = api.analyze(job, inputs=given)
         _keep_until_exit(job, report)
     analysis = report._analysis
     assert analysis is not None
     diagnosis = analysis.diagnosis
+    listed = Listed(
+        _narrowed(diagnosis.findings, chosen_ranks, chosen_groups),
+        len(diagnosis.findings),
+        _scope(chosen_ranks, chosen_groups),
+        everything,
+    )
     if output_format == "markdown":
-        command = " ".join(["fr2perfetto analyze", *given, "--format markdown", *(["--redact"] if redact else [])])
-        sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command))
+        asked = [("--ranks", ranks), ("--groups", groups), ("--all", "" if everything else None)]
+        narrowing = [f"{flag} {shlex.quote(value)}".strip() for flag, value in asked if value is not None]
+        command = " ".join(["fr2perfetto analyze", *given, "--format markdown", *(["--redact"] if redact else []),
+                            *narrowing])  # fmt: skip
+        sys.stdout.write(render_markdown(job, analysis.ops, diagnosis, command, listed))
     elif as_json:
-        sys.stdout.write(report_json(build_report(job, analysis.ops, diagnosis)) + "\n")
+        # Narrowed as the other formats are: --ranks and --groups choose what is reported, in any format. The
+        # verdict stays the job's; the schema has no field to say so, and whoever passed the flags knows.
+        shown_only = dataclasses.replace(diagnosis, findings=[finding for _, finding in listed.numbered])
+        sys.stdout.write(report_json(build_report(job, analysis.ops, shown_only)) + "\n")
     elif not quiet:
-        render_analysis(out, job, diagnosis, len(analysis.ops))
+        render_analysis(out, job, diagnosis, len(analysis.ops), listed)
     else:
         out.print(shown(diagnosis.verdict.summary))
     raise typer.Exit(exit_code(report.status))

@@ -24,9 +24,9 @@ from .base.gcpause import gc_paused
 from .base.model import OK, Entry, Finding, MatchedOp
 from .base.output import atomic_output
 from .base.pools import process_pool
-from .base.words import lateness_track
+from .base.words import UNNAMED, group_in_words, lateness_track
 from .diagnose.stragglers import group_offsets
-from .diagnose.verdict import Diagnosis, diagnose
+from .diagnose.verdict import HANG, HEALTHY, Diagnosis, diagnose
 from .layout.focus import focus_of, metadata_packet
 from .layout.fold import View, full_view
 from .layout.looks import Highlights
@@ -115,6 +115,37 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
 def _top_finding(analysis: Analysis) -> Finding | None:
     verdict = analysis.diagnosis.verdict
     return next((f for f in analysis.diagnosis.findings if verdict.summary.endswith(f.summary)), None)
+
+
+def left_out(analysis: Analysis, ranks: set[int] | None, groups: set[str] | None) -> str | None:
+    """Where ``--ranks`` or ``--groups`` (``ranks``, ``groups``) leave out what the verdict is about (its
+    finding's op on its first culprit, in that finding's group): one line that says so and what to add
+    to include it, else None. A trace chosen that way looks complete, and its reader would never know."""
+    verdict = analysis.diagnosis.verdict
+    finding = _top_finding(analysis) or next(iter(analysis.diagnosis.findings), None)
+    if verdict.status == HEALTHY or finding is None:
+        return None
+    culprits = verdict.culprit_ranks or finding.culprit_ranks
+    rank = culprits[0] if culprits else None
+    group = finding.group
+    add: list[str] = []  # what to add to the options
+    gone: list[str] = []  # what they leave out
+    if ranks is not None and rank is not None and rank not in ranks:
+        add.append(f"{rank} to --ranks")
+        gone.append(f"rank {rank}")
+    if groups is not None and group is not None and group.name not in groups and group.desc not in groups:
+        # by its description, as the user names groups, unless it has none that tells it apart
+        add.append(f"{group.desc if group.desc and group.desc != UNNAMED else group.name} to --groups")
+        gone.append(group_in_words(group))
+    if not add:
+        return None
+    if finding.op and group is not None:
+        what = "the op that hung the job" if verdict.status == HANG else "the op the verdict is about"
+        on = f" on rank {rank}" if rank is not None and ranks is not None else ""
+        said = f"{what}, {finding.op} #{finding.seq} of {group_in_words(group)}{on}"
+    else:  # a verdict about a rank, not an op (a crash, a straggler)
+        said = f"{' and '.join(gone)}, which the verdict names"
+    return f"the trace leaves out {said}: add {' and '.join(add)} to include it"
 
 
 def _focus(

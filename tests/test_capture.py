@@ -217,3 +217,71 @@ def test_two_sigterms_in_a_slow_dump_never_hang_a_rank(tmp_path: Path, round_: i
     job = load_job([str(dumps)])
     assert not job.problems and sorted(job.dumps) == [0, 1]  # whole dumps, both read
     assert not list(dumps.glob(".*partial"))  # no half-written file left behind
+
+
+BLOCKED_BOTH_SCRIPT = """
+import sys, time
+from datetime import timedelta
+from fr2perfetto import capture
+capture.configure(sys.argv[1])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+capture.install()
+t = torch.ones(4)
+for _ in range(5):
+    dist.all_reduce(t)
+print("ready", flush=True)
+if dist.get_rank() == 0:
+    dist.all_reduce(t)  # blocked in C++: rank 1 never joins
+else:
+    dist.recv(t, src=0)  # blocked in C++ too: rank 0 never sends
+"""
+
+
+def test_sigterm_to_a_rank_blocked_in_a_collective_dumps_and_ends_it(tmp_path: Path):
+    # Its main thread runs no Python handler until the collective returns (ten minutes here): the dump
+    # is written, and the rank ended, from the request thread, before any launcher's SIGKILL.
+    script = tmp_path / "train.py"
+    script.write_text(BLOCKED_BOTH_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 2)
+    try:
+        wait_ready(ranks)
+        time.sleep(1)
+        ranks[0].send_signal(signal.SIGTERM)
+        assert wait_until(lambda: ranks[0].poll() is not None, STOP_BOUND, every=0.1), "rank 0 hangs"
+        assert ranks[0].returncode == 128 + signal.SIGTERM
+    finally:
+        stop_ranks(ranks)
+    assert (dumps / "gloo_trace_rank_0.ended").read_text() == "signal SIGTERM\n"
+    from fr2perfetto.read.job import load_job
+
+    job = load_job([str(dumps / "gloo_trace_rank_0")])
+    assert not job.problems and list(job.dumps) == [0]
+    assert job.dumps[0].entries[-1].op == "all_reduce"  # the collective it was blocked in
+
+
+def test_a_dump_request_during_a_stop_leaves_the_stop_s_dump(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(SLOW_STOP_SCRIPT)
+    dumps = tmp_path / "dumps"
+    ranks = _ranks(script, dumps, 2)
+    try:
+        wait_ready(ranks)
+        time.sleep(1)
+        for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):  # inside the first dump's slow writes
+            for process in ranks:
+                process.send_signal(number)
+            time.sleep(0.3)
+        assert wait_until(lambda: all(p.poll() is not None for p in ranks), STOP_BOUND, every=0.1), "a rank hangs"
+    finally:
+        stop_ranks(ranks)
+    from fr2perfetto.read.job import load_job
+
+    # rank 1 (sleeping) handled the SIGTERM at once; rank 0, blocked in C++, may find all three pending,
+    # and CPython runs pending handlers in the order of their numbers: SIGHUP's may be the first
+    assert (dumps / "gloo_trace_rank_1.ended").read_text() == "signal SIGTERM\n"
+    assert (dumps / "gloo_trace_rank_0.ended").read_text() in ("signal SIGTERM\n", "signal SIGHUP\n")
+    job = load_job([str(dumps)])
+    assert not job.problems and sorted(job.dumps) == [0, 1]
+    assert not list(dumps.glob(".*partial"))

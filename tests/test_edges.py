@@ -376,6 +376,159 @@ def test_file_names_that_are_not_utf8_are_shown_escaped(tmp_path: Path):
     assert any("\\xfe" in p["path"] for p in report["input_problems"])
 
 
+# ---- nothing passed over unsaid: every input not read is named, in one line, with why -------------
+
+
+def _pure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process too, read as the case's commands do: in pure Python where they are told to."""
+    from fr2perfetto.read import reader
+
+    if os.environ.get("FR2PERFETTO_NO_SPEEDUPS") == "1":
+        monkeypatch.setattr(reader, "_speedups", None)
+
+
+def _said(done: subprocess.CompletedProcess[bytes]) -> list[str]:
+    """The lines a command that ran to a verdict wrote to stderr (asserting it did, without a traceback)."""
+    stderr = done.stderr.decode()
+    assert done.returncode in (0, 1, 3) and "Traceback" not in stderr, stderr[-800:]
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_a_dump_that_is_a_device_a_fifo_or_a_broken_link_is_named_and_never_opened(tmp_path: Path):
+    folder = tmp_path / "dumps"
+    shutil.copytree(DEMO, folder)
+    for rank, target in ((7, "/dev/urandom"), (6, "/dev/zero"), (5, "/dev/stdin"), (3, str(tmp_path / "gone"))):
+        (folder / f"nccl_trace_rank_{rank}").unlink()
+        (folder / f"nccl_trace_rank_{rank}").symlink_to(target)
+    (folder / "nccl_trace_rank_4").unlink()
+    os.mkfifo(folder / "nccl_trace_rank_4")
+    os.mkfifo(folder / "rank_4.log")
+    os.mkfifo(folder / "nccl_trace_rank_4.pipe")  # the capture helper's own: passed over without a word
+    archive = tmp_path / "more.tar"
+    with tarfile.open(archive, "w") as out:
+        link = tarfile.TarInfo("job/nccl_trace_rank_2")
+        link.type, link.linkname = tarfile.SYMTYPE, "/dev/urandom"
+        out.addfile(link)
+    reading, writing = os.pipe()  # /dev/stdin is this pipe, held open: a read of it would wait for ever
+    try:
+        lines = _said(run(["analyze", str(folder), str(archive)], stdin=reading))
+    finally:
+        os.close(reading)
+        os.close(writing)
+    not_read = "not a regular file: not read"
+    assert sorted(line for line in lines if "not read" in line) == sorted(
+        [
+            f"error: {archive}!job/nccl_trace_rank_2: a link to /dev/urandom, {not_read}",
+            f"error: {folder}/nccl_trace_rank_3: a link to {tmp_path}/gone, which cannot be followed (No such file or "
+            "directory): not read",
+            f"error: {folder}/nccl_trace_rank_4: a FIFO (named pipe), {not_read}",
+            f"error: {folder}/nccl_trace_rank_5: a link to /dev/stdin, a FIFO (named pipe), {not_read}",
+            f"error: {folder}/nccl_trace_rank_6: a link to /dev/zero, a character device, {not_read}",
+            f"error: {folder}/nccl_trace_rank_7: a link to /dev/urandom, a character device, {not_read}",
+            f"warning: {folder}/rank_4.log: a FIFO (named pipe), {not_read}",
+        ]
+    )  # one line each
+    assert not [line for line in lines if ".pipe" in line]
+    # named on the command line, it is said the same way
+    assert one_line_error(run(["analyze", str(folder / "nccl_trace_rank_7")])) == (
+        f"error: {folder}/nccl_trace_rank_7: a link to /dev/urandom, a character device, {not_read}"
+    )
+
+
+def test_json_dumps_with_a_byte_order_mark_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import codecs
+
+    from fr2perfetto.read import reader
+
+    _pure(monkeypatch)
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3, 4]"}}
+    text = json.dumps(_dump([_entry(seq) for seq in (1, 2, 3)], pg_config=config))
+    encoded = {
+        0: codecs.BOM_UTF8 + text.encode(),
+        1: codecs.BOM_UTF16_LE + text.encode("utf-16-le"),
+        2: codecs.BOM_UTF16_BE + text.encode("utf-16-be"),
+        3: codecs.BOM_UTF32_LE + text.encode("utf-32-le"),
+    }
+    for rank, data in encoded.items():
+        (tmp_path / f"nccl_trace_rank_{rank}.json").write_bytes(data)
+        assert len(reader.read_dump(str(tmp_path / f"nccl_trace_rank_{rank}.json")).entries) == 3
+    with zipfile.ZipFile(tmp_path / "more.zip", "w") as archive:  # and from an archive
+        archive.writestr("nccl_trace_rank_4.json", codecs.BOM_UTF8 + text.encode())
+    done = run(["analyze", str(tmp_path), "--json"])
+    assert not [line for line in _said(done) if ".json" in line]
+    assert json.loads(done.stdout)["job"]["ranks_with_dump"] == [0, 1, 2, 3, 4]
+
+
+def test_an_integer_too_long_costs_its_entry_and_not_its_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from fr2perfetto.read import reader
+
+    _pure(monkeypatch)
+    huge = 10**10_000  # 10,001 digits: more than Python writes or reads as text
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3, 4]"}}
+    cases = {0: ("collective_seq_id", 10**30), 1: ("record_id", huge), 2: ("time_created_ns", huge)}
+    for rank, (key, value) in cases.items():
+        entries = [_entry(1), _entry(2, **{key: value}), _entry(3)]
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(_dump(entries, pg_config=config)))
+    # in JSON, where the number is text Python refuses to read
+    text = json.dumps(_dump([_entry(1), _entry(2, record_id="HUGE"), _entry(3)], pg_config=config))
+    (tmp_path / "nccl_trace_rank_3.json").write_text(text.replace('"HUGE"', "1" + "0" * 10_000))
+    # a duration or a group's count too long for a float or a count: the entry stays, without it
+    odd = _dump([_entry(1), _entry(2, duration_ms=huge), _entry(3)], pg_config=config,
+                pg_status={"0": {"last_enqueued_collective": huge}})  # fmt: skip
+    (tmp_path / "nccl_trace_rank_4").write_bytes(pickle.dumps(odd))
+    lines = _said(run(["analyze", str(tmp_path)]))
+    why = {
+        0: "collective_seq_id is an integer of 31 digits",
+        1: "record_id is an integer of 10001 digits",
+        2: "time_created_ns is an integer of 10001 digits",
+        3: "record_id is an integer of 10001 digits",
+    }
+    for rank, reason in why.items():
+        name = tmp_path / (f"nccl_trace_rank_{rank}" + (".json" if rank == 3 else ""))
+        assert any(line.startswith(f"warning: {name}: ") and f"(entry 1: {reason}, out of range)" in line
+                   for line in lines), (rank, lines)  # fmt: skip
+        dump = reader.read_dump(str(name))
+        assert (len(dump.entries), dump.skipped_entries) == (2, 1)
+        assert [entry.collective_seq for entry in dump.entries] == [1, 3]
+    dump = reader.read_dump(str(tmp_path / "nccl_trace_rank_4"))
+    assert [entry.duration_ms for entry in dump.entries] == [0.1, None, 0.1] and dump.pg_status == {}
+    assert not [line for line in lines if "nccl_trace_rank_4" in line]
+
+
+def test_a_log_in_one_line_still_shows_its_error_and_what_is_cut_is_said(tmp_path: Path):
+    shutil.copytree(DEMO, tmp_path, dirs_exist_ok=True)
+    filler = "q" * (1 << 20)
+    error = "[rank5]:E1130 00:53:21.000 ProcessGroupNCCL.cpp:1970] NCCL error in: unhandled system error"
+    # 20 MB written without a newline: rank 5's error 10 MB in (in the 16 MB read), rank 3's 2 MB in (cut)
+    (tmp_path / "job.log").write_text(filler * 2 + error.replace("5", "3", 1) + filler * 8 + error + filler * 10)
+    section = (
+        '=== Rank {}: 10.0.0.1:29500 ===\nThread 0x1 (most recent call first):\n  File "/job/train.py", line 3 in f\n'
+    )
+    stacks = "".join(section.format(rank) for rank in range(8)) + ("#" * 1023 + "\n") * (17 << 10)
+    (tmp_path / "stacks_20261130_005321.txt").write_text(stacks)  # 17 MB: its first ranks are cut
+    done = run(["analyze", str(tmp_path), "--json"])
+    _said(done)
+    report = json.loads(done.stdout)
+    cut = "over the 16 MB read of a log or stack snapshot: only its last 16 MB read"
+    assert {"path": f"{tmp_path}/job.log", "reason": f"20 MB, {cut}"} in report["input_problems"]
+    assert {"path": f"{tmp_path}/stacks_20261130_005321.txt", "reason": f"17 MB, {cut}"} in report["input_problems"]
+    events = [(e["rank"], e["kind"], e["source"], e["line"][:14]) for e in report["log_events"]]
+    assert events == [(5, "nccl_error", f"{tmp_path}/job.log:1", "NCCL error in:")]
+
+
+def test_an_error_that_a_window_of_a_long_line_cuts_is_found_once():
+    from fr2perfetto.read.logs import MAX_SCAN, OVERLAP, STEP, parse_log
+
+    error = "[rank3]: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"
+    places = [*range(STEP - len(error) - 2, STEP + 2), *range(MAX_SCAN - len(error) - 2, MAX_SCAN + 2), 2 * STEP - 9]
+    for at in places:
+        events = parse_log("x" * at + error + "y" * (3 * MAX_SCAN), "job.log")
+        assert [(e.rank, e.kind, e.line[:14]) for e in events] == [(3, "nccl_error", "NCCL error in:")], at
+    # two errors further apart than a message is long are two events, wherever the windows fall
+    events = parse_log(("x" * 2000 + error) * 10, "job.log")
+    assert len(events) == 10 and OVERLAP < 2000
+
+
 # ---- standard output, command-line values, outputs ----------------------------------------------
 
 

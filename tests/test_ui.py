@@ -238,23 +238,189 @@ def test_format_json_is_json_and_unknown_format_is_refused():
     assert code != 0 and "--format" in stderr and stderr[-1] == "\n" and stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", ["info", "analyze"])
-def test_terminal_output_fits_80_columns_with_whole_headers(command: str):
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _invoke(args: list[str], columns: int, terminal: bool = False) -> tuple[int, str, str]:
+    """Run the CLI in-process at ``columns`` columns, its output a terminal (rich's ``TTY_COMPATIBLE``)
+    or not (as piped); return (exit code, stdout without escape sequences, stderr)."""
     from typer.testing import CliRunner
 
     from fr2perfetto.cli import app
 
-    result = CliRunner().invoke(app, [command, str(DEMO)], env={"COLUMNS": "80", "NO_COLOR": "1"})
-    assert result.exit_code in (0, 1, 3)
-    lines = result.stdout.splitlines()
+    env = {"COLUMNS": str(columns), "NO_COLOR": "1", "TTY_COMPATIBLE": "1" if terminal else "0"}
+    result = CliRunner().invoke(app, args, env=env)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    if not terminal:
+        assert "\x1b[" not in result.stdout  # plain text for a non-terminal
+    return result.exit_code, ANSI.sub("", result.stdout), result.stderr
+
+
+@pytest.mark.parametrize("command", ["info", "analyze"])
+def test_terminal_output_fits_80_columns_with_whole_headers(command: str):
+    # info fits its tables to the width wherever it goes; analyze wraps its lines on a terminal only
+    code, stdout, _ = _invoke([command, str(DEMO)], 80, terminal=command == "analyze")
+    assert code in (0, 1, 3)
+    lines = stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
-    assert not re.search(r"\w…", result.stdout), "a word cut short"  # "…/torch/x.py" abbreviates a path
-    assert "\x1b[" not in result.stdout  # plain text for a non-terminal
+    assert not re.search(r"\w…", stdout), "a word cut short"  # "…/torch/x.py" abbreviates a path
     if command == "info":
         # each column is shown with its whole header, or named among those left out to fit
-        text = " ".join(result.stdout.split())
+        text = " ".join(stdout.split())
         for header in ("rank", "file", "version", "format", "backend", "entries", "group", "desc", "size", "members"):
             assert header in text, header
+
+
+DEMO_VERDICT = "hang: rank 5 never issued all_reduce #4 of tp (pg 2, 4 ranks); ranks 4,6-7 wait in it"
+
+
+def test_piped_analyze_writes_each_line_whole_however_long():
+    code, stdout, _ = _invoke(["analyze", str(DEMO)], 80)
+    lines = stdout.splitlines()
+    assert code == 1
+    assert "fr2perfetto verdict:  HANG   culprit rank 5" in lines and DEMO_VERDICT in lines
+    assert len(DEMO_VERDICT) > 80  # rich would break it at 80 columns
+    [step] = [line for line in lines if "py-spy dump" in line]  # a bullet of the next steps, one line
+    assert step.startswith("  • See where rank 5 is now") and step.endswith("with the snapshot beside the dumps.")
+    assert not any(line.startswith("│") or line.startswith("╭") for line in lines)  # no box to grep through
+
+
+def test_piped_quiet_analyze_is_one_line_for_grep():
+    import os
+    import subprocess
+    import sys
+
+    # as a person runs it: `fr2perfetto analyze -q samples/gloo/skip | grep rank`
+    env = {**os.environ, "COLUMNS": "80"}
+    env.pop("FORCE_COLOR", None), env.pop("TTY_COMPATIBLE", None)
+    command = [sys.executable, "-m", "fr2perfetto", "analyze", "-q", str(ROOT / "samples" / "gloo" / "skip")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if "rank" in line]
+    assert line == "hang: rank 2 never issued all_reduce #4 of default_pg (pg 0, 4 ranks); ranks 0-1,3 wait in it"
+
+
+STATUSES = ["hang", "mismatch", "healthy", "undecided", "crash", "slow"]
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "file"])
+@pytest.mark.parametrize("width", [1, 10, 39])
+@pytest.mark.parametrize("status", STATUSES)
+def test_any_width_writes_the_status_word_whole(status: str, width: int, terminal: bool):
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from fr2perfetto.render.terminal import render_analysis
+
+    analysis = analyse(load_job([str(DEMO)]))
+    diagnosis = analysis.diagnosis
+    diagnosis = dataclasses.replace(diagnosis, verdict=dataclasses.replace(diagnosis.verdict, status=status))
+    written = io.StringIO()
+    console = Console(file=written, width=width, force_terminal=terminal, no_color=True)
+    render_analysis(console, analysis.job, diagnosis, len(analysis.ops))
+    lines = ANSI.sub("", written.getvalue()).splitlines()
+    assert re.search(rf"(^| ){status.upper()}( |$)", lines[0]), lines[:3]
+    assert DEMO_VERDICT in lines  # nothing cut into pieces of the width
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "piped"])
+@pytest.mark.parametrize("command", ["analyze", "info"])
+def test_a_terminal_one_column_wide_gets_no_traceback(command: str, terminal: bool):
+    code, stdout, stderr = _invoke([command, str(DEMO)], 1, terminal=terminal)
+    assert code == (1 if command == "analyze" else 0) and "Traceback" not in stderr
+    if command == "analyze":  # info's tables cannot fit one column; the verdict's lines are written whole
+        assert "HANG" in stdout.split() and DEMO_VERDICT in stdout.splitlines()
+
+
+HEADERS = {"rank", "host", "file", "version", "format", "backend", "entries", "first op", "last op", "ended",
+           "group", "desc", "size", "members", "with a dump"}  # fmt: skip
+
+
+def _headers(stdout: str) -> list[list[str]]:
+    """The header cells of each table printed (rich's heavy header row: ``┃ rank ┃ file ┃``)."""
+    rows = [line.strip().strip("┃").split("┃") for line in stdout.splitlines() if line.startswith("┃")]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "piped"])
+@pytest.mark.parametrize("sample", ["nccl/demo", "gloo/torchrun_abort", "gloo/grid_3d_skip"])
+def test_info_at_40_columns_keeps_each_header_whole(sample: str, terminal: bool):
+    code, stdout, _ = _invoke(["info", str(ROOT / "samples" / sample)], 40, terminal=terminal)
+    assert code == 0
+    rank_headers, group_headers = _headers(stdout)
+    for header in [*rank_headers, *group_headers]:
+        assert header in HEADERS, f"a header cut: {header!r}"
+    assert rank_headers[0] == "rank" and group_headers[0] == "group"
+    assert "with a dump" in group_headers  # the last header, cut short at 40 columns before
+    if sample == "gloo/torchrun_abort":
+        assert "ended" in rank_headers  # how a rank ended stays: it may be why
+    assert all(len(line) <= 40 for line in stdout.splitlines() if line.startswith(("┃", "│", "┏", "└")))
+
+
+GRID = ROOT / "samples" / "gloo" / "grid_3d_skip"  # finding 1: ranks 5,7 in dp; finding 2: ranks 1,5 in pp
+GRID_VERDICT = "hang: rank 5 never issued all_reduce #2 of dp (pg 12, 2 ranks); rank 7 waits in it"
+
+
+@pytest.mark.parametrize(
+    ("narrowing", "kept", "left", "said"),
+    [
+        (["--ranks", "1"], "2. missing", "1. missing", "Findings of rank 1 only (--ranks): 1 of 2 findings"),
+        (["--ranks", "7"], "1. missing", "2. missing", "Findings of rank 7 only (--ranks): 1 of 2 findings"),
+        (["--groups", "pp"], "2. missing", "1. missing", "Findings in group pp only (--groups): 1 of 2 findings"),
+    ],
+)
+def test_analyze_narrowed_to_ranks_or_groups_keeps_the_jobs_verdict(
+    narrowing: list[str], kept: str, left: str, said: str
+):
+    code, whole, _ = _invoke(["analyze", str(GRID)], 200)
+    assert code == 1 and kept + "  culprit 5" in whole.splitlines() and left + "  culprit 5" in whole.splitlines()
+    code, stdout, _ = _invoke(["analyze", str(GRID), *narrowing], 200)
+    lines = stdout.splitlines()
+    assert code == 1  # the job's, whatever is shown
+    assert GRID_VERDICT in lines and said in lines
+    assert kept + "  culprit 5" in lines  # under its number among the job's findings
+    assert left + "  culprit 5" not in lines
+
+
+def test_analyze_narrowed_in_json_and_markdown_too():
+    code, stdout, _ = run_cli("analyze", str(GRID), "--ranks", "1", "--json")
+    report = json.loads(stdout)
+    assert code == 1 and report["verdict"]["summary"] == GRID_VERDICT
+    assert [f["ranks"] for f in report["findings"]] == [[1, 5]]
+    code, stdout, _ = run_cli("analyze", str(GRID), "--groups", "pp", "--format", "markdown")
+    html = MarkdownIt("commonmark").render(stdout)
+    assert code == 1 and GRID_VERDICT.split(":")[0] in html
+    assert "Findings in group pp only (--groups): 1 of 2 findings." in stdout
+    # finding 2 keeps its number where rendered: the list starts there
+    assert re.findall(r"<ol[^>]*>", html) == ['<ol start="2">'] and "analyze samples" not in stdout
+    assert "--groups pp</code>" in stdout
+
+
+def test_analyze_all_lists_every_finding():
+    many = ROOT / "samples" / "nccl" / "pipeline_stage_stopped"  # 17 findings
+    numbered = re.compile(r"^\d+\. ", re.M)
+    code, stdout, _ = _invoke(["analyze", str(many)], 200)
+    assert code == 1 and len(numbered.findall(stdout)) == 12
+    assert "17 findings; the first 12 shown, 5 more with --all (or in --json)." in stdout.splitlines()
+    code, stdout, _ = _invoke(["analyze", str(many), "--all"], 200)
+    assert code == 1 and len(numbered.findall(stdout)) == 17 and "--all" not in stdout
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--ranks", "x", "error: --ranks: 'x' is neither a rank nor a range of ranks (expected e.g. 0-7,85)"),
+        ("--ranks", "99", "error: --ranks: no rank 99 in this job (its ranks: 0-7)"),
+        ("--groups", "nope", "error: --groups: no group nope in this job"),
+    ],
+)
+def test_analyze_refuses_ranks_or_groups_the_job_lacks_in_one_line(flag: str, value: str, said: str):
+    code, stdout, stderr = run_cli("analyze", str(DEMO), flag, value)
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and stderr.startswith(said), stderr
 
 
 def test_no_sample_carries_the_path_of_the_machine_that_made_it():
@@ -298,3 +464,59 @@ def test_a_trace_into_a_folder_that_does_not_exist_is_refused_as_cp_would(tmp_pa
     code, _, stderr = run_cli("convert", str(demo), "-o", str(target))
     assert code == 2 and f"its folder {target.parent} does not exist" in stderr.replace("\n", "")
     assert not (tmp_path / "made").exists()  # no folder made on the way
+
+
+def _a_trace(tmp_path: Path) -> Path:
+    trace_path = tmp_path / "skip.pftrace"
+    assert run_cli("convert", str(ROOT / "samples" / "gloo" / "skip"), "-o", str(trace_path), "-q")[0] == 0
+    return trace_path
+
+
+def test_open_on_a_port_in_use_names_it_and_says_how_to_choose_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import socket
+
+    from fr2perfetto import serve
+
+    trace_path = _a_trace(tmp_path)
+    # were the port free after all, the command would serve and wait: it stops at once, and the test fails
+    monkeypatch.setattr(serve.webbrowser, "open_new_tab", lambda link: False)
+    monkeypatch.setattr(serve._OneTraceServer, "handle_request", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, stdout, stderr = run_cli("open", str(trace_path), "--port", str(port))
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert f"port {port} on 127.0.0.1 is in use" in stderr and "choose another port with --port PORT" in stderr
+
+
+@pytest.mark.parametrize("shell", ["local, no display", "local", "ssh client only", "ssh tty only"])
+def test_open_says_remote_shell_only_over_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell: str):
+    import fr2perfetto.cli as cli
+
+    trace_path = _a_trace(tmp_path)
+    for name in ("SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    if shell == "local":
+        monkeypatch.setenv("DISPLAY", ":0")
+    elif shell == "ssh client only":
+        monkeypatch.setenv("SSH_CLIENT", "10.0.0.2 52344 22")
+    elif shell == "ssh tty only":
+        monkeypatch.setenv("SSH_TTY", "/dev/pts/3")
+    tried = []
+
+    def fake_serve_once(path, port, announce, open_browser=None, **_):
+        tried.append(open_browser("x") if open_browser else "the browser module")
+        announce(f"https://ui.perfetto.dev/#!/?url=http://127.0.0.1:{port}/t/skip.pftrace", False)  # none opened
+        return True
+
+    monkeypatch.setattr(cli, "serve_once", fake_serve_once)
+    code, stdout, _ = run_cli("open", str(trace_path))
+    assert code == 0 and "https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/t/skip.pftrace" in stdout
+    if shell.startswith("ssh"):
+        assert tried == [False]  # no browser is tried on the remote machine
+        assert "This is a remote shell" in stdout and "ssh -L 9001:127.0.0.1:9001 " in stdout
+    else:
+        assert tried == ["the browser module"]
+        assert "remote" not in stdout and "ssh -L" not in stdout
+        assert "No browser could be opened here: open this link in a browser on this machine" in stdout

@@ -99,6 +99,9 @@ def test_how_a_rank_ended_is_read_and_an_exception_names_it(tmp_path: Path):
         (["analyze", "{tmp}/empty"], "empty: an empty folder"),
         (["analyze", "{tmp}/*.nope"], "the pattern matches no file"),
         (["analyze", "{tmp}/unrelated"], "unrelated: no Flight Recorder dump among its 3 files (no rank in its name: "),
+        (["analyze", str(SKIP), "--keep-names"], "--keep-names only applies with --redact"),
+        (["info", str(SKIP), "--keep-names"], "--keep-names only applies with --redact"),
+        (["convert", str(SKIP), "-o", "{tmp}/kept.pftrace", "--keep-names"], "--keep-names only applies with --redact"),
     ],
 )
 def test_every_bad_choice_gets_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str):
@@ -138,10 +141,13 @@ def test_counts_are_said_in_good_english():
 
 
 def _command(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
-    """The command as a person runs it, in a terminal of ``columns`` without colour."""
-    environment = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "fr2perfetto", *args], capture_output=True, text=True,
+    """The command as a person runs it, in a terminal of ``columns`` without colour (bold and italic,
+    which NO_COLOR leaves, taken out)."""
+    environment = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "TTY_COMPATIBLE": "1"}
+    done = subprocess.run([sys.executable, "-m", "fr2perfetto", *args], capture_output=True, text=True,
                           cwd=ROOT, env=environment, timeout=120)  # fmt: skip
+    done.stdout = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+    return done
 
 
 def test_help_names_values_not_python_types_at_80_columns():
@@ -195,3 +201,115 @@ def test_the_project_says_how_to_work_on_it():
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
     assert "make test-fast" in contributing and "python -m pytest tests/test_analyze.py" in contributing
     assert "dist/" in (ROOT / ".gitignore").read_text().split()
+
+
+PAIR_SKIP = SAMPLES / "gloo" / "pair_skip"  # pairs made by new_group without a name: PyTorch says "undefined"
+
+
+def _said(text: str) -> str:
+    """Text as read: wrapped lines joined."""
+    return " ".join(text.split())
+
+
+def test_a_group_made_without_a_name_is_called_unnamed_never_undefined(tmp_path: Path):
+    code, stdout, _ = run_cli("analyze", str(PAIR_SKIP))
+    assert code == 1 and "undefined" not in stdout
+    assert "rank 4 waits in all_reduce #3 of an unnamed group (pg 3, 2 ranks) for rank 5." in _said(stdout)
+    code, markdown, _ = run_cli("analyze", str(PAIR_SKIP), "--format", "markdown")
+    assert code == 1 and "undefined" not in markdown and "an unnamed group (pg 3, 2 ranks)" in markdown
+    # and in the trace: every track's name and description (what a group's desc says stays in its slices' args)
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    out = tmp_path / "t.pftrace"
+    assert run_cli("convert", str(PAIR_SKIP), "-o", str(out), "-q")[0] == 0
+    trace = pb.Trace()
+    trace.ParseFromString(out.read_bytes())
+    tracks = [p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")]
+    names = {t.name or t.static_name for t in tracks}
+    assert not [text for t in tracks for text in (t.name, t.static_name, t.description) if "undefined" in text]
+    assert "pg 3 · 2 ranks" in names and "enqueue lateness · unnamed group (pg 3) · rank 4" in names
+
+
+def test_what_the_capture_helper_wrote_when_a_rank_ended_is_called_its_ended_file(tmp_path: Path):
+    folder = tmp_path / "dumps"
+    shutil.copytree(SAMPLES / "gloo" / "healthy", folder)
+    (folder / "gloo_trace_rank_1.ended").write_text("exception: ValueError: loss is NaN on rank 1\n")
+    code, stdout, _ = run_cli("analyze", str(folder))
+    said = _said(stdout)
+    assert code == 1 and "'s log" not in said and "its log says" not in said
+    ended = folder / "gloo_trace_rank_1.ended"
+    assert f"rank 1's .ended file (written by fr2perfetto.capture: {ended}): ValueError: loss is NaN" in said
+    assert "(its log or .ended file says which)" in said
+    # a rank that left no dump, only its .ended file: the verdict quotes that file as such
+    folder = tmp_path / "lost"
+    shutil.copytree(SKIP, folder)
+    (folder / "gloo_trace_rank_2").unlink()
+    (folder / "gloo_trace_rank_2.ended").write_text("exception: RuntimeError: CUDA out of memory\n")
+    code, stdout, _ = run_cli("analyze", str(folder))
+    said = _said(stdout)
+    assert code == 1 and "rank 2's .ended file says: RuntimeError: CUDA out of memory" in said and "'s log" not in said
+    assert "a rank crashed (its log or .ended file says why) and left no dump" in said
+
+
+def test_a_deadlock_that_names_both_ranks_says_why_both(tmp_path: Path):
+    code, stdout, _ = run_cli("analyze", str(SAMPLES / "gloo" / "deadlock"))
+    said = _said(stdout)
+    assert code == 1 and "culprit ranks 0, 1" in said
+    assert (
+        "ranks 0 and 1 wait for each other, a cycle: either side's order of ops may be the bug, and no rank's order "
+        "differs from its peers', so the dumps cannot say which side to fix. Both are named: fix the one whose order "
+        "differs from the program's."
+    ) in said
+    # where the other pairs show whose order is wrong, that rank alone is blamed first, and nothing says it cannot tell
+    _, stdout, _ = run_cli("analyze", str(PAIR_SKIP))
+    assert "cannot say which side" not in stdout and "Both are named" not in stdout
+
+
+def test_the_stacks_a_next_step_points_at_are_counted_right():
+    from dataclasses import replace
+
+    from fr2perfetto.convert import analyse
+    from fr2perfetto.diagnose.next_steps import next_steps
+    from fr2perfetto.read.job import load_job
+
+    code, stdout, _ = run_cli("analyze", str(SAMPLES / "gloo" / "size_mismatch"))
+    said = _said(stdout)
+    assert code == 1 and said.count("stack of rank 3 (innermost first):") == 1
+    assert "called op #2 (the stack of rank 3 above): they passed different tensors to it." in said
+    assert "the stacks above" not in said
+    # two stacks shown: "the stacks above"
+    analysis = analyse(load_job([str(SAMPLES / "gloo" / "size_mismatch")]))
+    finding = analysis.diagnosis.findings[0]
+    (ranks, frames), *_ = finding.stacks
+    analysis.diagnosis.findings[0] = replace(finding, stacks=((ranks, frames), ((0,), frames[1:])))
+    steps = next_steps(analysis.job, analysis.diagnosis, ["dumps"])
+    assert "called op #2 (the stacks above):" in steps[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--ranks", "0-3"], "the op that hung the job, all_reduce #4 of tp (pg 2) on rank 5: add 5 to --ranks"),
+        (["--groups", "dp"], "the op that hung the job, all_reduce #4 of tp (pg 2): add tp to --groups to include it"),
+        (["--ranks", "0", "--groups", "dp"], "on rank 5: add 5 to --ranks and tp to --groups to include it"),
+        (["--ranks", "4-7", "--groups", "tp"], None),
+        (["--ranks", "5"], None),
+    ],
+)
+def test_a_trace_chosen_without_the_op_that_hung_the_job_says_so(tmp_path: Path, args: list[str], said: str | None):
+    out = tmp_path / "t.pftrace"
+    code, _, stderr = run_cli("convert", str(SAMPLES / "nccl" / "demo"), "-o", str(out), *args)
+    assert code == 0 and out.exists()
+    warnings = [line for line in stderr.splitlines() if "leaves out" in line]
+    if said is None:
+        assert not warnings, stderr
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith("warning: the trace leaves out ") and said in warnings[0]
+    # a straggler's verdict names a rank, not an op that hung
+    code, _, stderr = run_cli("convert", str(SAMPLES / "nccl" / "straggler"), "-o", str(out), "--ranks", "0-1", "-q")
+    assert code == 0 and "the trace leaves out rank 6, which the verdict names: add 6 to --ranks" in stderr
+
+
+def test_keep_names_with_redact_is_taken():
+    code, stdout, stderr = run_cli("analyze", str(SKIP), "--redact", "--keep-names")
+    assert code == 1 and "--keep-names" not in stderr and "gloo_jobs.py" in stdout and "/job/" not in stdout

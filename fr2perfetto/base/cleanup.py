@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 
@@ -43,14 +44,27 @@ def abandon() -> None:
     """Kill the registered workers and remove the registered partial files (in the registering process)."""
     if os.getpid() != _owner:
         return
+    killed: list[BaseProcess] = []
     for source in list(_process_sources):
         with contextlib.suppress(Exception):
             for process in source():
                 with contextlib.suppress(Exception):
                     process.kill()
+                    killed.append(process)
+    # A worker killed a moment ago may still be writing its part file: a folder removed before it has
+    # ended could be made non-empty again, and be left behind.
+    deadline = time.monotonic() + WORKER_END_SECONDS
+    for process in killed:
+        with contextlib.suppress(Exception):
+            process.join(max(0.0, deadline - time.monotonic()))
     for path in list(_paths):
         with contextlib.suppress(OSError):
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
+                if os.path.isdir(path):  # a file appeared while it was removed: once more
+                    shutil.rmtree(path, ignore_errors=True)
             else:
                 os.unlink(path)
+
+
+WORKER_END_SECONDS = 2.0  # how long a stopped command waits for its killed workers to end, at most

@@ -89,6 +89,8 @@ class GroupConfig:
     name: str
     desc: str
     ranks: tuple[int, ...] | None  # None when the dump does not say (gloo, or a broken entry)
+    # members claimed where there were too many to read (``MAX_GROUP_CLAIM``): ``ranks`` is then None
+    claimed: int = 0
 
 
 _created = itemgetter(Entry._fields.index("time_created_ns"))
@@ -333,6 +335,9 @@ class Finding:
     lag_ns: int = 0  # a straggler's: how late it enqueues, the median over its ops, behind the median member
 
 
+# A pg_config claiming more members than this is not read (more ranks than any job runs today): its
+# rank list costs the reader only a count of its separators.
+MAX_GROUP_CLAIM = 1 << 17
 MAX_RANK = 1 << 24  # ranks at or beyond this are refused: no job has them, and they would size tables
 # Times read from text (logs, stack snapshots, file times) outside these years are not believed: a
 # wrong date in a log must not move the timeline, nor overflow the 64-bit times of the report.

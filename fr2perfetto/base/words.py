@@ -7,15 +7,29 @@ from collections.abc import Sequence
 from .model import Finding, Frame, Group, MatchedOp, ranks_label
 from .text import shown
 
+# What PyTorch records as the description of a group made without a name (``new_group``'s default):
+# shown as is, it reads like an error of fr2perfetto's, and it tells one group from no other.
+UNNAMED = "undefined"
+
 
 def group_called(group: Group) -> str:
     """What a group is called in words: its description (``tp``), else ``pg 3``."""
-    return group.desc or "pg " + group.name
+    return group.desc if group.desc and group.desc != UNNAMED else "pg " + group.name
+
+
+def group_in_words(group: Group, *more: str) -> str:
+    """A group and its pg, with ``more`` after it: ``tp (pg 3, 8 ranks)``; ``an unnamed group (pg 3, 8
+    ranks)`` for one made without a name; ``pg 3 (8 ranks)`` where the dump records no description
+    (older PyTorch: whether it had a name is unknown)."""
+    if not group.desc:
+        return f"pg {group.name}" + (f" ({', '.join(more)})" if more else "")
+    called = "an unnamed group" if group.desc == UNNAMED else group.desc
+    return f"{called} ({', '.join([f'pg {group.name}', *more])})"
 
 
 def where(op: MatchedOp) -> str:
     """``all_reduce #4 of default_pg (pg 0, 4 ranks)``."""
-    return f"{op.title} of {group_called(op.group)} (pg {op.group.name}, {len(op.group.members)} ranks)"
+    return f"{op.title} of {group_in_words(op.group, f'{len(op.group.members)} ranks')}"
 
 
 def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
@@ -30,7 +44,8 @@ def verb(ranks: tuple[int, ...] | list[int], singular: str, plural: str) -> str:
 
 def lateness_track(group: Group, rank: int) -> str:
     """The name of a rank's lateness counter in a group, in the trace: one the deep link can pin by."""
-    return shown(f"enqueue lateness · {group_called(group)} (pg {group.name}) · rank {rank}")
+    called = "unnamed group" if group.desc == UNNAMED else group_called(group)
+    return shown(f"enqueue lateness · {called} (pg {group.name}) · rank {rank}")
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:

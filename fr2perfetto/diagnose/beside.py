@@ -36,7 +36,7 @@ from ..base.model import (
 )
 from ..base.words import ranks_text, verb
 from ..read.job import Job
-from .corroborate import stopped_by_launcher
+from .corroborate import quoted, stopped_by_launcher
 from .frozen import Freeze, Still
 
 KIND_STUCK_CPU = "stuck_cpu"
@@ -113,7 +113,7 @@ def rule_crashed(job: Job) -> list[Finding]:
         return []
     ranks = list(own)  # earliest first
     first = own[ranks[0]]
-    lines = [f"rank {rank}'s log ({own[rank].source}): {own[rank].line}" for rank in ranks[:8]]
+    lines = [f"{quoted(own[rank])}: {own[rank].line}" for rank in ranks[:8]]
     failed = sorted({e.rank for e in job.log_events if e.kind == LOG_COMM_FAILURE and e.rank not in own})
     if failed:
         lines.append(f"{verb(failed, 'fails', 'fail')} afterwards in communication (a peer went away or timed out).")
@@ -178,7 +178,7 @@ def ended_first(job: Job, rank: int) -> list[str]:
     for event in _in_time_order(job.log_events):
         if event.rank != rank or event.kind not in CRASHES or stopped_by_launcher(event):
             continue
-        said.append(f"rank {rank}'s log ({event.source}): {event.line}")  # as ``corroborate`` quotes it
+        said.append(f"{quoted(event)}: {event.line}")  # as ``corroborate`` quotes it
         if len(said) >= 3:
             break
     stopped = stopped_by_signal(job)

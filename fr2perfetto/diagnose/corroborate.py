@@ -26,6 +26,7 @@ from ..base.model import (
     Finding,
     LogEvent,
 )
+from ..base.words import group_called
 from ..read.stacks import main_thread, where
 from .evidence import Evidence
 
@@ -33,6 +34,28 @@ _CAUSE_ORDER = [LOG_CUDA_ERROR, LOG_NCCL_ERROR, LOG_EXCEPTION, LOG_CHILD_FAILED]
 
 KIND_STRAGGLER, KIND_NO_DUMP = "straggler", "no_dump"
 _BLAMING_KINDS = {"missing", "p2p", "no_dump", "not_started", "deadlock"}
+
+
+def from_ended_file(event: LogEvent) -> bool:
+    """Whether ``event`` is the line of a ``.ended`` file rather than of a log. ``capture`` writes one beside
+    each dump when its rank's process ends: a file of its own, which a user told of "its log" would look
+    for among the job's logs in vain. A log line's source is ``path:line`` (``read.logs``), a ``.ended``
+    file's its path alone (redacted: ``<dumps>/log1``)."""
+    _, colon, line = event.source.rpartition(":")
+    return not (colon and line.isdigit())
+
+
+def quoted(event: LogEvent) -> str:
+    """Where a rank's event was read, to quote it by: ``rank 3's log (train.log:12)``, or ``rank 3's .ended
+    file (written by fr2perfetto.capture: dumps/nccl_trace_rank_3.ended)``."""
+    if from_ended_file(event):
+        return f"rank {event.rank}'s .ended file (written by fr2perfetto.capture: {event.source})"
+    return f"rank {event.rank}'s log ({event.source})"
+
+
+def says(event: LogEvent) -> str:
+    """``rank 3's log says: `` or ``rank 3's .ended file says: ``, before what it says."""
+    return f"rank {event.rank}'s {'.ended file' if from_ended_file(event) else 'log'} says: "
 
 
 def corroborate(evidence: Evidence, findings: list[Finding]) -> tuple[list[Finding], list[str]]:
@@ -81,9 +104,9 @@ def _where_they_are(evidence: Evidence, finding: Finding, crashes: dict[int, Log
                 summary += f"; rank {rank} is in {place}" + ("" if in_collective else ", not in a collective")
         if rank in crashes:
             event = crashes[rank]
-            quoted = f"rank {rank}'s log ({event.source}): {event.line}"
-            if quoted not in lines:  # a rank without a dump has it quoted as its cause already
-                lines.insert(1, quoted)
+            line = f"{quoted(event)}: {event.line}"
+            if line not in lines:  # a rank without a dump has it quoted as its cause already
+                lines.insert(1, line)
     for rank in sorted(set(finding.ranks) - set(finding.culprit_ranks)):
         location = _location(evidence, rank)
         wait = evidence.waits.get(rank)
@@ -98,12 +121,12 @@ def _crashed_without_dump(finding: Finding, crashes: dict[int, LogEvent]) -> Fin
         return finding
     culprits = tuple(dict.fromkeys([*finding.culprit_ranks, *crashed]))
     first = crashes[next(r for r in culprits if r in crashes)]
-    lines = [f"rank {r}'s log ({crashes[r].source}): {crashes[r].line}" for r in culprits if r in crashes]
+    lines = [f"{quoted(crashes[r])}: {crashes[r].line}" for r in culprits if r in crashes]
     return replace(
         finding,
         culprit_ranks=culprits,
         evidence=[*lines, *(line for line in finding.evidence if line not in lines)],
-        summary=f"{finding.summary}; rank {first.rank}'s log says: {first.line}",
+        summary=f"{finding.summary}; {says(first)}{first.line}",
         time_ns=0,  # the crash comes before what the others do about it
     )
 
@@ -131,6 +154,6 @@ def _timeout_line(evidence: Evidence, event: LogEvent) -> str:
         number = entry.p2p_seq if entry.is_p2p else entry.collective_seq
         if number == seq and entry.op.lower().replace("_", "").startswith(wanted[:6]):
             group = evidence.job.group_of.get((event.rank, entry.group_name))
-            name = (group.desc or group.name) if group else entry.group_name
+            name = group_called(group) if group else entry.group_name
             return f"{head}; its dump agrees: {entry.op} #{seq} of {name} is {entry.state} there."
     return f"{head}; its dump holds no {op} #{seq} (its ring buffer may have dropped it)."

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from ..base.model import Finding
-from ..base.words import group_called, lateness_track
+from ..base.words import group_in_words, lateness_track, ranks_text
 from ..read.job import Job
 from .beside import KIND_CRASH, KIND_STUCK_CPU
 from .verdict import HEALTHY, KIND_STRAGGLER, KIND_STUCK, SLOW, Diagnosis
@@ -49,7 +49,7 @@ def _for_finding(job: Job, finding: Finding) -> list[str]:
     """What the first finding asks for: where the culprit is, the group to look at, or what to compare."""
     steps: list[str] = []
     group = finding.group
-    group_name = f"{group_called(group)} (pg {group.name}, ranks {group.members_label})" if group else ""
+    group_name = group_in_words(group, f"ranks {group.members_label}") if group else ""
     if finding.kind == KIND_STRAGGLER and finding.culprit_ranks:
         rank = finding.culprit_ranks[0]
         steps.append(
@@ -64,8 +64,11 @@ def _for_finding(job: Job, finding: Finding) -> list[str]:
         )
         return steps
     if finding.kind.endswith("_mismatch") and finding.stacks:
+        # often one stack is shown, the culprit's: "the stacks above" would send a reader looking for more
+        (ranks, _), *others = finding.stacks
+        stacks = f"the stack of {ranks_text(ranks)} above" if not others else "the stacks above"
         steps.append(
-            f"Compare where the ranks of {group_name} called op #{finding.seq} (the stacks above): "
+            f"Compare where the ranks of {group_name} called op #{finding.seq} ({stacks}): "
             + ("they called different collectives there." if finding.kind == "type_mismatch"
                else "they passed different tensors to it.")
         )  # fmt: skip

@@ -25,7 +25,7 @@ from ..base.model import (
     inner_entries,
     state_entry,
 )
-from ..base.words import group_called, lateness_track, ranks_text, verb, where
+from ..base.words import group_called, group_in_words, lateness_track, ranks_text, verb, where
 from ..match.arguments import recorded_sizes
 from ..match.ops import NO_COMPLETION_BACKENDS, tracks_completion
 from ..read.job import Job
@@ -70,11 +70,13 @@ CATEGORY_GPU_HANG = "GPU/NCCL/network hang (every rank entered the op and none c
 CATEGORY_NOT_STARTED = "a rank's GPU never started the op (a kernel of its own holds its stream)"
 CATEGORY_NO_DUMP = "missing dump (ranks the others wait for left no dump)"
 CATEGORY_STRAGGLER = "slow rank (a straggler enqueues collectives late)"
-CATEGORY_CRASH = "a rank crashed (its log says why) and left no dump"
-CATEGORY_OWN_ERROR = "a rank failed of an error of its own (its log says which); the others' failures followed"
+CATEGORY_CRASH = "a rank crashed (its log or .ended file says why) and left no dump"
+CATEGORY_OWN_ERROR = (
+    "a rank failed of an error of its own (its log or .ended file says which); the others' failures followed"
+)
 CATEGORY_STUCK_CPU = "a rank stays in its own code (a loop, a data loader, I/O) while the others wait for it"
 CATEGORY_CONTRADICTED = "the dumps show no problem, but what lies beside them says the job failed or stopped"
-CRASH_SAYS = "'s log says: "
+CRASH_SAYS = ("'s log says: ", "'s .ended file says: ")  # ``corroborate.says``
 CATEGORY_AFTER_TIMEOUT = "a rank reached the collective only after its peers had timed out in it (a stuck rank)"
 CATEGORY_UNSURE = "the dumps show no problem, but they cannot show everything a hang needs"
 CATEGORY_NO_DUMP_UNKNOWN = "missing dump (nothing says whether the ranks without one were well)"
@@ -136,7 +138,7 @@ def last_op_text(evidence: Evidence, rank: int) -> str:
     last = dump.entries[-1]
     group = evidence.job.group_of[(rank, last.group_name)]
     seq = last.p2p_seq if last.is_p2p else last.collective_seq
-    name = f"{last.op} #{seq} of {group_called(group)} (pg {group.name})"
+    name = f"{last.op} #{seq} of {group_in_words(group)}"
     if last.backend in NO_COMPLETION_BACKENDS:  # its state never moves past scheduled: it says nothing
         return f"rank {rank}'s last op recorded: {name}, state unknown: {last.backend} records no completion"
     return f"rank {rank}'s last op: {name}, {state_entry([last]).state}"
@@ -290,7 +292,7 @@ def rule_deadlock(context: _Context) -> list[Finding]:
         ]
         lines += broke
         if not broke:
-            lines.append("No rank's order of ops differs from its peers': the dumps cannot say which side to fix.")
+            lines.append(_undecided_cycle(sorted(ordered)))
         first = min(ops, key=lambda o: o.first_time_ns)
         names = " and ".join(dict.fromkeys(where(op) for op in ops))
         culprits = tuple(ordered)
@@ -310,6 +312,18 @@ def rule_deadlock(context: _Context) -> list[Finding]:
             )
         )
     return findings
+
+
+def _undecided_cycle(ranks: list[int]) -> str:
+    """Why a deadlock names every rank of its cycle as a culprit: each issued the other's op second, and
+    nothing in the dumps says whose order is the program's. ("the dumps cannot say which side" is what
+    ``tests/programs.py`` reads as undecided.)"""
+    who = f"ranks {ranks[0]} and {ranks[1]}" if len(ranks) == 2 else ranks_text(ranks)
+    return (
+        f"{who} wait for each other, a cycle: either side's order of ops may be the bug, and no rank's order "
+        f"differs from its peers', so the dumps cannot say which side to fix. {'Both' if len(ranks) == 2 else 'All'} "
+        "are named: fix the one whose order differs from the program's."
+    )
 
 
 def rule_mismatch(context: _Context) -> list[Finding]:
@@ -530,7 +544,23 @@ def rule_no_dump(context: _Context) -> list[Finding]:
         )
     if idle:
         findings.append(_idle_no_dump(job, idle))
+    if job.unfollowed:
+        findings.append(_unfollowed_ranks(job))
     return findings
+
+
+def _unfollowed_ranks(job: Job) -> Finding:
+    """The ranks of a group whose ``pg_config`` claims far more of them than the dumps read (see
+    ``read.job.resolve_groups``): not followed one by one, so nothing says they were well either."""
+    name, claimed = max(job.unfollowed.items(), key=lambda item: item[1])
+    dumps = f"{len(job.dumps)} dump{'s' if len(job.dumps) != 1 else ''}"
+    summary = f"pg_config says group {name} has {claimed} ranks, and {dumps} were read"
+    lines = [
+        f"{summary}: the ranks without a dump were not followed one by one, and nothing says they were well.",
+        "Their dumps would tell (or the pg_config is wrong: a rank's dump lists its groups' members there).",
+    ]
+    return Finding(kind=KIND_NO_DUMP, group=None, seq=0, op="", ranks=(), culprit_ranks=(), evidence=lines,
+                   summary=summary, time_ns=0)  # fmt: skip
 
 
 MAX_RANKS_QUOTED = 8  # ranks whose own lines a finding quotes
@@ -616,7 +646,7 @@ def rule_straggler(context: _Context) -> list[Finding]:
     findings = []
     for found in find_stragglers(evidence):
         group, rank = found.group, found.rank
-        name = f"{group_called(group)} (pg {group.name}, {len(group.members)} ranks)"
+        name = group_in_words(group, f"{len(group.members)} ranks")
         share = found.count / found.considered
         lines = [
             f"rank {rank} was the last member of {name} to enqueue in {found.count} of its {found.considered} "
@@ -838,7 +868,7 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
     weighed.evidence += notes
     caveats = blind_spots(job)
     weighed.evidence += caveats
-    if CRASH_SAYS in weighed.summary:
+    if any(said in weighed.summary for said in CRASH_SAYS):
         weighed.category = CATEGORY_CRASH
     return Diagnosis(weighed, findings, evidence, victim_roles(context), notes, caveats, freeze)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from ..base.model import Entry, Finding, Group, MatchedOp, ranks_label, time_range
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
-from ..base.words import group_called, lateness_track
+from ..base.words import UNNAMED, group_called, lateness_track
 from ..read.job import Job
 from .fold import View, full_view
 from .looks import Highlights, Looks, stack_strings
@@ -171,7 +171,8 @@ def rank_timeline(
                 (("folded_ops", len(starts)), ("how_to_see_them", "convert again with --full, or a larger --window")),
             )
             slices = [Slice(min(starts) - offset, free_from[group] - offset, summary), *slices]
-        description = shown(f"process group {group.name} ({group.desc or 'no description'}), members "
+        called = "unnamed" if group.desc == UNNAMED else group.desc or "no description"
+        description = shown(f"process group {group.name} ({called}), members "
                             f"{group.members_label}: the ops that ran on its stream")  # fmt: skip
         group_track = child(group.label, group.order, slices=slices, description=description,
                             nested=stream is not None and stream.nested)  # fmt: skip

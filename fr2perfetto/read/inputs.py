@@ -4,7 +4,9 @@ People have dumps the way they gathered them: a folder per node, a ``dumps.tar.g
 report, the folder PyTorch's debug server writes (``stacks_<time>.txt`` beside them), TorchComms'
 ``per_rank/rank_<N>`` or ``torchcomm_fr_trace_<rank>``. Folders are searched through (hidden ones
 left out). Each file is sorted by its name (and, for text, its first bytes) into a dump, a stack
-snapshot, a log, or a file skipped, counted by why.
+snapshot, a log, or a file skipped, counted by why. What is not a regular file (a link to a device, a
+FIFO, a broken link) is never opened, and one line says so for each that would have been read; a log
+or stack snapshot over ``TEXT_LIMIT`` is read from its end, and one line says so.
 
 ``.tar``, ``.tar.gz``/``.tgz`` and ``.zip`` archives are read as if unpacked, one member at a time and
 nothing written: a dump member is read (never more than the largest dump read, and only once its first
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ..base.model import LoadProblem, RankDump
-from .files import expand_inputs, parse_dump_name
+from .files import NotRegularFile, expand_inputs, not_regular, open_regular, parse_dump_name
+from .reader import looks_like_a_dump
 
 ARCHIVE_LIMIT = 8 << 30  # bytes an archive may unpack to, in all
 MAX_MEMBERS = 200_000
@@ -58,9 +61,10 @@ class Source:
     data: bytes | None = None
 
     def read(self, limit: int) -> bytes:
+        """Its first ``limit`` bytes (all of them, from an archive); ``OSError`` if it is not a regular file."""
         if self.data is not None:
             return self.data
-        with open(self.path, "rb") as handle:
+        with open_regular(self.path) as handle:
             return handle.read(limit)
 
 
@@ -85,29 +89,73 @@ def find_inputs(inputs: list[str], max_bytes: int, read_member: ReadMember, logs
     """Sort every file the inputs name or hold (and ``logs``: files or folders of logs) by kind; a dump in
     an archive is read there and then, by ``read_member(path, data)``."""
     found = Found()
-    paths, unmatched = expand_inputs(inputs)
+    passed: list[str] = []
+    paths, unmatched = expand_inputs(inputs, passed)
     found.problems += [LoadProblem(item, _why_nothing(item)) for item in unmatched]
     for path in paths:
         if path.lower().endswith(ARCHIVE_SUFFIXES):
             _archive(path, max_bytes, read_member, found)
         else:
             _sort(Source(path), os.path.basename(path), found)
+    for path in passed:
+        _not_read(path, os.path.basename(path), not_regular(path) or "not a regular file", found)
     if logs:
-        log_paths, missing = expand_inputs(logs)
-        found.problems += [LoadProblem(item, "no such log file or directory") for item in missing]
+        passed = []
+        log_paths, missing = expand_inputs(logs, passed)
+        found.problems += [LoadProblem(item, _why_nothing(item, "log file")) for item in missing]
+        found.problems += [LoadProblem(p, f"{not_regular(p) or 'not a regular file'}: not read", fatal=False)
+                           for p in passed]  # fmt: skip
         found.logs += [Source(p) for p in log_paths]
+    found.problems += _cut_on_disk(found)
     return found
 
 
-def _why_nothing(item: str) -> str:
-    """Why an input gave no file: it does not exist, it is an empty folder, or a pattern matched nothing."""
+_READ_KINDS = ("dump", "stacks", "log", "text", "ended", "rank file")
+
+
+def _not_read(path: str, name: str, why: str, found: Found) -> None:
+    """A file (or archive member) that is not a regular file, never opened: one line for each that would
+    have been read (an error for a dump, which leaves its rank without one), counted among the skipped
+    for the rest, and nothing for what fr2perfetto itself leaves beside dumps (the capture helper's FIFOs)."""
+    kind = _kind(name)
+    if kind in _READ_KINDS:
+        # a dump left unread leaves its rank without one: an error, as an unreadable dump is
+        found.problems.append(LoadProblem(path, f"{why}: not read", fatal=kind == "dump"))
+    elif kind is not None:
+        found.skipped.setdefault(kind, []).append(path)
+
+
+def _cut_on_disk(found: Found) -> list[LoadProblem]:
+    """One line for each log or stack snapshot on disk over ``TEXT_LIMIT``: only its end is read
+    (``read_limited``), and what went before is not looked at."""
+    problems = []
+    for source in [*found.stacks, *found.logs]:
+        if source.data is None:
+            try:
+                size = os.stat(source.path).st_size
+            except OSError:
+                continue  # said when it is read
+            if size > TEXT_LIMIT:
+                problems.append(LoadProblem(source.path, _cut_text(size), fatal=False))
+    return problems
+
+
+def _cut_text(size: int) -> str:
+    """What is said of a log or stack snapshot of ``size`` bytes, over ``TEXT_LIMIT``."""
+    limit = TEXT_LIMIT >> 20
+    return f"{size / 2**20:.0f} MB, over the {limit} MB read of a log or stack snapshot: only its last {limit} MB read"
+
+
+def _why_nothing(item: str, what: str = "file") -> str:
+    """Why an input gave no file: it does not exist, it is an empty folder, a pattern matched nothing, or
+    it is not a regular file (saying what it is: a link to a device, a FIFO...)."""
     if os.path.isdir(item):
         return "an empty folder (no file in it, hidden ones aside)"
     if os.path.lexists(item):
-        return "not a regular file"
+        return f"{not_regular(item) or 'not a regular file'}: not read"
     if glob.has_magic(item):
         return "the pattern matches no file"
-    return "no such file or directory"
+    return f"no such {what} or directory"
 
 
 def _kind(name: str) -> str | None:
@@ -158,11 +206,6 @@ def _looks_like_stacks(source: Source) -> bool:
     return b"(most recent call first)" in head or re.match(rb"Process \d+: ", head) is not None
 
 
-def looks_like_a_dump(head: bytes) -> bool:
-    """Whether a file's first bytes could begin a dump: a pickle's protocol opcode, or JSON's ``{``."""
-    return not head or head[:1] == b"\x80" or head.lstrip()[:1] in (b"{", b"")
-
-
 class _Refused(Exception):
     """An archive that must not be read (further)."""
 
@@ -204,34 +247,53 @@ def _archive(path: str, max_bytes: int, read_member: ReadMember, found: Found) -
     member would escape its folder or a limit is passed, and say so in one line if it is damaged."""
     read = 0
     try:
-        with open(path, "rb") as raw:
+        with open_regular(path) as raw:
             budget = _Budget(raw.tell)
             members = _zip_members(raw, budget) if path.lower().endswith(".zip") else _tar_members(raw, budget)
-            for name, size, handle in members:
+            for name, size, handle, irregular in members:
                 read += 1
+                if handle is None:  # a link or a device: nothing to read, and nothing is ever written
+                    _not_read(f"{path}!{name}", posixpath.basename(name), irregular, found)
+                    continue
                 _archived_member(f"{path}!{name}", posixpath.basename(name), size, handle, max_bytes, budget,
                                  read_member, found)  # fmt: skip
     except _Refused as refusal:
         found.problems.append(LoadProblem(path, f"archive refused: {refusal}"))
+    except NotRegularFile as error:  # it was one when the inputs were listed
+        found.problems.append(LoadProblem(path, f"{error.strerror}: not read"))
     except Exception as error:  # zlib.error, EOFError, tarfile and zipfile errors, OSError: a damaged archive
         first = (str(error).splitlines() or [""])[0][:120]
         what = "not a readable archive" if read == 0 else f"damaged after {read} members (those are read)"
         found.problems.append(LoadProblem(path, f"{what} ({type(error).__name__}: {first})"))
 
 
-_Member = tuple[str, int, "IO[bytes] | None"]
+# (name, declared size, reader, ""), or (name, 0, None, what it is) for a member that is not a regular file
+_Member = tuple[str, int, "IO[bytes] | None", str]
 
 
 def _tar_members(raw: IO[bytes], budget: _Budget):  # type: ignore[no-untyped-def]
-    """(name, declared size, reader) of each regular file of a tar, as the stream reaches it."""
+    """Each regular file of a tar as the stream reaches it, and each link or device (never followed or
+    made: said to be passed over); folders and hidden members are left out."""
     with tarfile.open(fileobj=raw, mode="r|*") as archive:
         for member in archive:
             budget.member()
             name = _safe_name(member.name)
-            if not member.isreg() or _hidden(name):
-                continue  # links, devices, folders: nothing to read (and nothing is ever written)
+            if member.isdir() or _hidden(name):
+                continue
+            if not member.isreg():
+                yield name, 0, None, _tar_kind(member)
+                continue
             budget.claim(member.size, repr(name))
-            yield name, member.size, archive.extractfile(member)
+            yield name, member.size, archive.extractfile(member), ""
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    """What a tar member that is not a regular file is, in words."""
+    if member.islnk():  # another member's bytes, under a second name
+        return f"a hard link to {member.linkname}, whose bytes are read under that name"
+    kinds = ((member.ischr, "a character device"), (member.isblk, "a block device"), (member.isfifo, "a FIFO"))
+    what = f"a link to {member.linkname}" if member.issym() else next((w for test, w in kinds if test()), "")
+    return f"{what}, not a regular file" if what else "not a regular file"
 
 
 def _zip_members(raw: IO[bytes], budget: _Budget):  # type: ignore[no-untyped-def]
@@ -250,21 +312,21 @@ def _zip_members(raw: IO[bytes], budget: _Budget):  # type: ignore[no-untyped-de
             budget.compressed = lambda done=consumed: done  # type: ignore[misc]
             budget.claim(info.file_size, repr(name))
             with archive.open(info) as handle:
-                yield name, info.file_size, handle
+                yield name, info.file_size, handle, ""
 
 
 def _archived_member(
-    path: str, name: str, size: int, handle: IO[bytes] | None, max_bytes: int, budget: _Budget,
+    path: str, name: str, size: int, handle: IO[bytes], max_bytes: int, budget: _Budget,
     read_member: ReadMember, found: Found,
 ) -> None:  # fmt: skip
     """Read one member of an archive as its kind asks, within the archive's budget."""
     kind = _kind(name)
-    if kind in ("ended", "rank file") and handle is not None:  # a line or two each
-        source = Source(path, _read_tail(handle, SMALL_TEXT_LIMIT, budget, path))
+    if kind in ("ended", "rank file"):  # a line or two each
+        source = Source(path, _read_tail(handle, SMALL_TEXT_LIMIT, budget, path)[0])
         (found.endings if kind == "ended" else found.rank_files).append(source)
         return
-    if kind is None or handle is None or kind not in ("dump", "stacks", "log", "text"):
-        if kind is not None and kind not in ("dump", "stacks", "log", "text"):
+    if kind not in ("dump", "stacks", "log", "text"):
+        if kind is not None:
             found.skipped.setdefault(kind, []).append(path)
         return
     if kind == "dump":
@@ -283,7 +345,11 @@ def _archived_member(
             return
         found.archived.append(read_member(path, data))
         return
-    _sort(Source(path, _read_tail(handle, TEXT_LIMIT, budget, path)), name, found)
+    tail, total = _read_tail(handle, TEXT_LIMIT, budget, path)
+    before = len(found.stacks) + len(found.logs)
+    _sort(Source(path, tail), name, found)
+    if total > TEXT_LIMIT and len(found.stacks) + len(found.logs) > before:  # read as a log or snapshot: cut
+        found.problems.append(LoadProblem(path, _cut_text(total), fatal=False))
 
 
 CHUNK = 1 << 20
@@ -302,15 +368,18 @@ def _read_bounded(handle: IO[bytes], limit: int, budget: _Budget, what: str) -> 
     return b"".join(parts)
 
 
-def _read_tail(handle: IO[bytes], keep: int, budget: _Budget, what: str) -> bytes:
-    """The last ``keep`` bytes of a member (a log's end matters most), read through within the budget."""
+def _read_tail(handle: IO[bytes], keep: int, budget: _Budget, what: str) -> tuple[bytes, int]:
+    """The last ``keep`` bytes of a member (a log's end matters most), read through within the budget,
+    and how many bytes it holds in all."""
     kept = bytearray()
+    total = 0
     while chunk := handle.read(CHUNK):
         budget.take(len(chunk), what)
+        total += len(chunk)
         kept += chunk
         if len(kept) > 2 * keep:
             del kept[: len(kept) - keep]
-    return bytes(kept[-keep:])
+    return bytes(kept[-keep:]), total
 
 
 def _safe_name(name: str) -> str:
@@ -325,10 +394,11 @@ def _hidden(name: str) -> bool:
 
 
 def read_limited(source: Source, limit: int) -> bytes:
-    """A text file's bytes, at most ``limit`` (logs can be large: their end matters most)."""
+    """A text file's bytes, at most ``limit`` (logs can be large: their end matters most); ``OSError``
+    (``NotRegularFile``) for what is not a regular file, which is never opened."""
     if source.data is not None:
         return source.data[-limit:]
-    with open(source.path, "rb") as handle:
+    with open_regular(source.path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit:
             handle.seek(size - limit)

@@ -64,6 +64,9 @@ class Job:
     # name of the one read; with one run, nothing
     runs: list[RunInfo] = field(default_factory=list)
     run: str = ""
+    # group name -> how many members a pg_config claims for it that were not followed rank by rank:
+    # far more ranks without a dump than the dumps read (``resolve_groups``); those ranks are unknown
+    unfollowed: dict[str, int] = field(default_factory=dict)
     _by_rank: dict[int, list[Group]] | None = None
     _ranks: list[int] | None = None
 
@@ -161,6 +164,17 @@ def _unpack(packed: Packed | LoadProblem, canonical: dict[object, object]) -> Ra
     return dump
 
 
+def _share_configs(dump: RankDump | LoadProblem, canonical: dict[object, object]) -> RankDump | LoadProblem:
+    """``dump`` with the member lists of its ``pg_config`` made ``canonical``'s: every rank of a job of
+    thousands lists the same thousands of members for its world group, which would otherwise be held
+    once per rank."""
+    if isinstance(dump, RankDump):
+        for config in dump.pg_config.values():
+            if config.ranks:
+                config.ranks = canonical.setdefault(config.ranks, config.ranks)  # type: ignore[assignment]
+    return dump
+
+
 def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
     """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
     return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))  # type: ignore[arg-type]
@@ -191,15 +205,15 @@ def read_files(
 ) -> Iterable[RankDump | LoadProblem]:
     """Read each file into a dump or a problem, in the order given, over ``jobs`` processes; files over
     ``max_bytes`` are refused unread."""
+    canonical: dict[object, object] = {}
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
             result = _read_one(path, max_bytes)
             if progress:
                 progress(1)
-            yield result
+            yield _share_configs(result, canonical)
         return
     done = 0
-    canonical: dict[object, object] = {}
     try:
         with process_pool(min(jobs, len(paths))) as pool:  # never more workers than files
             chunks = max(1, min(16, len(paths) // (jobs * 8)))
@@ -207,7 +221,7 @@ def read_files(
                 done += 1
                 if progress:
                     progress(1)
-                yield _unpack(packed, canonical)
+                yield _share_configs(_unpack(packed, canonical), canonical)
     except BrokenProcessPool:
         # A reading process died (the system ran out of memory, or it was killed): read the rest here.
         yield from read_files(paths[done:], 1, progress, max_bytes)
@@ -460,19 +474,22 @@ def build_job(dumps: dict[int, RankDump], problems: list[LoadProblem] | None = N
     """Make a ``Job`` from dumps already read."""
     ordered = dict(sorted(dumps.items()))
     doubts: list[LoadProblem] = []
-    groups, group_of = resolve_groups(ordered, doubts)
-    return Job(ordered, groups, group_of, list(problems or []) + doubts)
+    unfollowed: dict[str, int] = {}
+    groups, group_of = resolve_groups(ordered, doubts, unfollowed)
+    return Job(ordered, groups, group_of, list(problems or []) + doubts, unfollowed=unfollowed)
 
 
 def resolve_groups(
-    dumps: dict[int, RankDump], doubts: list[LoadProblem] | None = None
+    dumps: dict[int, RankDump], doubts: list[LoadProblem] | None = None, unfollowed: dict[str, int] | None = None
 ) -> tuple[list[Group], dict[tuple[int, str], Group]]:
     """Identify the job's process groups by name plus members, and what each name means per rank.
 
     Members come from a rank's own ``pg_config``, else from another rank's that lists it, else
     (gloo, whose ``pg_config`` is broken) from the ranks that have entries under that name. A claim
     that one rank alone makes and that members it names contradict (their own ``pg_config`` gives
-    that group other members) is not believed, and said so in ``doubts``.
+    that group other members) is not believed, and said so in ``doubts``. Nor is a claim of far more
+    ranks without a dump than the dumps read (``unfollowed_claim``): said in ``doubts``, and the number
+    of members it claims put in ``unfollowed`` by group name.
     """
     used: dict[str, set[int]] = defaultdict(set)  # name -> ranks with entries under it
     descs: dict[str, Counter[str]] = defaultdict(Counter)
@@ -484,12 +501,30 @@ def resolve_groups(
                 descs[name][desc] += count
     claims: dict[str, dict[int, tuple[int, ...]]] = defaultdict(dict)  # name -> rank -> members it claims
     config_desc: dict[str, str] = {}
+    too_many: dict[str, tuple[int, int]] = {}  # name -> (members claimed, a rank claiming them)
+    sizes: dict[tuple[int, ...], int] = {}  # members -> how many of them have no dump
     for rank, dump in dumps.items():
         for name, config in dump.pg_config.items():
-            if config.ranks:
+            if config.ranks and unfollowed_claim(config.ranks, dumps, sizes):
+                too_many[name] = max(too_many.get(name, (0, rank)), (len(config.ranks), rank))
+            elif config.claimed:
+                too_many[name] = max(too_many.get(name, (0, rank)), (config.claimed, rank))
+            elif config.ranks:
                 claims[name][rank] = config.ranks
                 if config.desc:
                     config_desc.setdefault(name, config.desc)
+    for name, (claimed, rank) in too_many.items():
+        if unfollowed is not None:
+            unfollowed[name] = claimed
+        if doubts is not None:
+            doubts.append(
+                LoadProblem(
+                    dumps[rank].path,
+                    f"pg_config says group {name} has {claimed} ranks, far more than the {len(dumps)} dumps "
+                    "read: its members are taken from the dumps, and the ranks without one are not followed",
+                    fatal=False,
+                )
+            )
     believed = _believed_claims(dumps, claims, doubts if doubts is not None else [])
     configured: dict[str, set[tuple[int, ...]]] = defaultdict(set)
     for name, by_rank in believed.items():
@@ -541,6 +576,25 @@ def resolve_groups(
     for (rank, name), members in membership.items():
         group_of[(rank, name)] = groups[(name, members)]
     return list(groups.values()), group_of
+
+
+# Ranks without a dump that a group's claimed members may hold, beyond four per dump read: each such
+# rank costs a place in every op of the group (its ``missing``), so a claim of a million ranks that eight
+# dumps make is not followed rank by rank. A real job of a few thousand ranks with a handful of dumps is.
+MAX_UNSEEN_MEMBERS = 2048
+
+
+def unfollowed_claim(members: tuple[int, ...], dumps: dict[int, RankDump], sizes: dict[tuple[int, ...], int]) -> bool:
+    """Whether a claimed member list holds far more ranks without a dump than the dumps read
+    (``MAX_UNSEEN_MEMBERS`` plus four per dump); ``sizes`` memoises the count per member list."""
+    bound = MAX_UNSEEN_MEMBERS + 4 * len(dumps)
+    if len(members) <= bound:
+        return False
+    unseen = sizes.get(members)
+    if unseen is None:
+        named = set(members)
+        unseen = sizes[members] = len(members) - sum(1 for rank in dumps if rank in named)
+    return unseen > bound
 
 
 def _believed_claims(

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..base.model import (
     COMPLETED,
+    MAX_GROUP_CLAIM,
     MAX_RANK,
     SCHEDULED,
     STARTED,
@@ -29,7 +30,7 @@ from ..base.model import (
 )
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import path_text, safe_text
-from .files import parse_dump_name
+from .files import NotRegularFile, open_regular, parse_dump_name
 from .safe_pickle import RefusedPickle, loads_plain
 
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
@@ -97,24 +98,49 @@ def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUM
 
 
 def _read_file(path: str, max_bytes: int) -> bytes:
-    """The bytes of a file that looks like a dump from its first bytes and is not over ``max_bytes``:
-    anything else is refused before it is read whole."""
+    """The bytes of a regular file that looks like a dump from its first bytes and is not over
+    ``max_bytes``: anything else is refused before it is read whole (a device or a FIFO, never opened)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > max_bytes:
                 raise DumpError(
                     f"{size / 2**20:.0f} MB, over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)"
                 )
-            head = handle.read(64)
-            if head and head[:1] != b"\x80" and head.lstrip()[:1] not in (b"{", b""):
+            head = handle.read(_HEAD)
+            if not looks_like_a_dump(head):
                 raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
             rest = handle.read(max_bytes + 1 - len(head))
             if len(head) + len(rest) > max_bytes:  # it grew while being read
                 raise DumpError(f"over the largest dump read ({max_bytes / 2**20:.0f} MB; --max-dump-size)")
             return head + rest
+    except NotRegularFile as error:
+        raise DumpError(f"{error.strerror}: not read") from None
     except OSError as error:
         raise DumpError(f"cannot read: {error.strerror or error}") from None
+
+
+_HEAD = 64  # bytes that tell a dump's format
+_JSON_SPACE = " \t\n\r\x0b\x0c"  # what bytes.lstrip strips, as the test of a UTF-8 head always did
+
+
+def looks_like_a_dump(head: bytes) -> bool:
+    """Whether a file's first bytes could begin a dump: a pickle's protocol opcode, or JSON's ``{`` (after
+    white space, in whichever encoding ``json.loads`` reads: UTF-8 with or without a byte-order mark,
+    UTF-16 or UTF-32)."""
+    return not head or head[:1] == b"\x80" or _json_start(head[:_HEAD]) in ("{", "")
+
+
+def _json_start(data: bytes) -> str:
+    """The first character of ``data`` past white space, decoded as ``json.loads`` decodes it (its
+    ``detect_encoding``: a byte-order mark read and dropped, UTF-16 and UTF-32 told by their zero bytes);
+    "" when there is none."""
+    encoding = json.detect_encoding(data[:4])
+    if encoding == "utf-8":
+        return data.lstrip()[:1].decode("latin-1")
+    # a dump's first key follows its "{" at once: the first bytes decoded tell (a character cut at
+    # their end is dropped)
+    return data[:_HEAD].decode(encoding, "ignore").lstrip(_JSON_SPACE)[:1]
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any], str]:
@@ -133,19 +159,49 @@ def _decode(data: bytes) -> tuple[dict[str, Any], str]:
         except Exception as error:
             raise DumpError(f"truncated or corrupt pickle ({type(error).__name__}: {_short(error)})") from None
         file_format = "pickle"
-    elif data.lstrip()[:1] == b"{":
-        try:
-            raw = json.loads(data)
-        except RecursionError:
-            raise DumpError("corrupt JSON: nested too deeply") from None
-        except (ValueError, UnicodeDecodeError) as error:
-            raise DumpError(f"truncated or corrupt JSON ({_short(error)})") from None
+    elif _json_start(data) == "{":
+        raw = _loads_json(data)
         file_format = "json"
     else:
         raise DumpError("not a Flight Recorder dump (neither a pickle nor JSON)")
     if not isinstance(raw, dict):
         raise DumpError(f"not a Flight Recorder dump (top level is a {type(raw).__name__}, not a dict)")
     return raw, file_format
+
+
+def _loads_json(data: bytes) -> Any:
+    """A JSON dump decoded (``json.loads`` reads its byte-order mark or UTF-16/32 itself); ``DumpError``.
+
+    Python refuses to read an integer of more digits than ``sys.get_int_max_str_digits()`` (a guard on
+    time): such a dump is read again with each of those a ``LongNumber``, so that only the entry that
+    holds one is lost."""
+    try:
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise
+        except ValueError:  # the only other ValueError json raises: an integer too long to read
+            return json.loads(data, parse_int=_json_int)
+    except RecursionError:
+        raise DumpError("corrupt JSON: nested too deeply") from None
+    except ValueError as error:  # UnicodeDecodeError included
+        raise DumpError(f"truncated or corrupt JSON ({_short(error)})") from None
+
+
+class LongNumber:
+    """An integer of a JSON dump with more digits than Python reads, where it stood: never a number."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _json_int(text: str) -> int | LongNumber:
+    try:
+        return int(text)
+    except ValueError:
+        return LongNumber(len(text.lstrip("-")))
 
 
 def _short(error: BaseException) -> str:
@@ -169,8 +225,8 @@ def normalise(
     if "version" not in raw:
         raise DumpError("not a Flight Recorder dump (no 'version' key)")
     version = raw["version"]
-    if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
-        raise DumpError(f"unknown dump version {version!r}")
+    if not isinstance(version, str) or not re.fullmatch(r"\d{1,9}\.\d{1,9}", version):
+        raise DumpError(f"unknown dump version {_value_text(version)}")
     major = int(version.split(".")[0])
     if major not in SUPPORTED_MAJOR_VERSIONS:
         raise DumpError(f"unknown dump version {version} (fr2perfetto reads 1.x and 2.x)")
@@ -239,9 +295,9 @@ def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
         if isinstance(info, dict):  # 2.x: {name: {"name", "desc", "ranks"}}
             name = info.get("name", key)
             desc = info.get("desc", "")
-            ranks = _parse_ranks(info.get("ranks"))
+            ranks, claimed = _parse_ranks(info.get("ranks"))
         elif isinstance(info, (list, tuple)):  # 1.x: {pg_id: [ranks]}
-            name, desc, ranks = key, "", _parse_ranks(list(info))
+            name, desc, (ranks, claimed) = key, "", _parse_ranks(list(info))
         else:
             continue
         name = name if isinstance(name, str) else str(name) if type(name) is int and abs(name) < 2**63 else ""
@@ -249,21 +305,29 @@ def _read_pg_config(value: Any, major: int) -> dict[str, GroupConfig]:
             continue  # gloo registers groups under "" with wrong or empty ranks
         name = safe_text(name)
         key = safe_text(key) if isinstance(key, str) else str(key) if type(key) is int and abs(key) < 2**63 else name
-        config[key if major == 1 else name] = GroupConfig(name, safe_text(desc) if isinstance(desc, str) else "", ranks)
+        config[key if major == 1 else name] = GroupConfig(
+            name, safe_text(desc) if isinstance(desc, str) else "", ranks, claimed
+        )
     return config
 
 
-def _parse_ranks(value: Any) -> tuple[int, ...] | None:
-    """``"[0, 1]"`` or ``[0, 1]`` to a sorted tuple; None when absent, empty or not ranks."""
+def _parse_ranks(value: Any) -> tuple[tuple[int, ...] | None, int]:
+    """``"[0, 1]"`` or ``[0, 1]`` to a sorted tuple, and 0; None when absent, empty or not ranks. A
+    claim of more than ``MAX_GROUP_CLAIM`` members is not read: None, and about how many it claims
+    (counted from its separators, so that a claim of a million ranks costs no more than its text)."""
+    claimed = value.count(",") + 1 if isinstance(value, str) else len(value) if isinstance(value, list) else 0
+    if claimed > MAX_GROUP_CLAIM:
+        return None, claimed
     if isinstance(value, str):
-        numbers = [int(x) for x in _INTS.findall(value)]
+        # a number too long for a rank is no rank (and int() refuses one of thousands of digits)
+        numbers = [int(x) if len(x) < 12 else -1 for x in _INTS.findall(value)]
     elif isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
         numbers = list(value)
     else:
-        return None
+        return None, 0
     if not numbers or any(n < 0 or n >= MAX_RANK for n in numbers):
-        return None  # not ranks (or not ranks of a job anyone runs): the members used it tell instead
-    return tuple(sorted(set(numbers)))
+        return None, 0  # not ranks (or not ranks of a job anyone runs): the members used it tell instead
+    return tuple(sorted(set(numbers))), 0
 
 
 def _read_pg_status(value: Any) -> dict[str, tuple[int, int, int]]:
@@ -280,7 +344,14 @@ def _read_pg_status(value: Any) -> dict[str, tuple[int, int, int]]:
             )
         except (TypeError, ValueError, OverflowError):
             continue
-        status[safe_text(key) if isinstance(key, str) else str(key)] = values  # type: ignore[assignment]
+        if isinstance(key, str):
+            key = safe_text(key)
+        elif type(key) is int and abs(key) <= _INT64_MAX:
+            key = str(key)
+        else:
+            continue
+        if all(abs(number) <= _INT64_MAX for number in values):  # else no op of a real run: a corrupt count
+            status[key] = values  # type: ignore[assignment]
     return status
 
 
@@ -291,10 +362,12 @@ def _int(item: dict[str, Any], key: str, default: int | None = None, *, low: int
     if type(value) is not int:  # bool is an int subclass; it is not a number here
         if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
             value = int(value)
+        elif isinstance(value, LongNumber):
+            raise _BadEntry(f"{key} is {_describe(value)}, out of range")
         else:
             raise _BadEntry(f"{key} is {_describe(value)}, not an integer")
     if not low <= value <= _INT64_MAX:
-        raise _BadEntry(f"{key} is {value}, out of range")
+        raise _BadEntry(f"{key} is {_value_text(value)}, out of range")
     return value
 
 
@@ -306,7 +379,33 @@ def _optional_time(item: dict[str, Any], key: str) -> int | None:
 
 
 def _describe(value: Any) -> str:
+    """What a value of the wrong kind is, in words that never quote it."""
+    if isinstance(value, LongNumber):
+        return f"an integer of {value.digits} digits"
+    if type(value) is int:
+        return "an integer"
     return "missing" if value is None else f"a {type(value).__name__}"
+
+
+_SHOWN_DIGITS = 24  # an integer up to this long is quoted; a longer one, by its length
+_EXACT_DIGITS_BITS = 1 << 16  # counting the digits of a longer integer costs more than reading it did
+
+
+def _value_text(value: Any) -> str:
+    """A value from a dump in a one-line reason, bounded whatever it is: an integer of more than
+    ``_SHOWN_DIGITS`` digits by how many it has (Python will not even write one of more than 4300
+    digits), text cut to 40 characters, anything else by its type."""
+    if type(value) is int:
+        if abs(value) < 10**_SHOWN_DIGITS:
+            return str(value)
+        bits = value.bit_length()
+        if bits > _EXACT_DIGITS_BITS:
+            return f"an integer of more than {int(_EXACT_DIGITS_BITS * math.log10(2))} digits"
+        digits = int(bits * math.log10(2))  # the count, or one less
+        return f"an integer of {digits + (abs(value) >= 10**digits)} digits"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return _describe(value)
 
 
 def _str(item: dict[str, Any], key: str, default: str = "") -> str:
@@ -370,6 +469,14 @@ def _frames(value: Any, caches: _Caches) -> tuple[Frame, ...]:
     return shared
 
 
+def _is_duration(value: Any) -> bool:
+    """Whether ``duration_ms`` is a duration: a finite float, or an integer a float holds (a longer one,
+    which ``float()`` refuses, is as unknown as a missing one)."""
+    if type(value) is float:
+        return math.isfinite(value)
+    return type(value) is int and abs(value) <= _INT64_MAX
+
+
 def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
     """``nccl:send 1->0`` to (``nccl``, ``send``, (1, 0)); ``nccl:recv 0<-1`` to (.., ``recv``, (1, 0))."""
     name = safe_text(name)
@@ -377,7 +484,7 @@ def _split_profiling_name(name: str) -> tuple[str, str, tuple[int, int] | None]:
     op, _, meta = rest.strip().partition(" ")
     peers = None
     match = _P2P_PEERS.search(meta)
-    if match:
+    if match and len(match.group(1)) <= 10 and len(match.group(3)) <= 10:  # else no rank (and no int for Python)
         a, arrow, b = int(match.group(1)), match.group(2), int(match.group(3))
         if 0 <= a < MAX_RANK and 0 <= b < MAX_RANK:
             peers = (a, b) if arrow == "->" else (b, a)
@@ -473,7 +580,7 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     if type(state) is not str or state not in _STATES:
         state = COMPLETED if completed else STARTED if started else SCHEDULED
     duration = get("duration_ms")
-    if duration is not None and not (type(duration) in (int, float) and math.isfinite(duration)):
+    if not _is_duration(duration):
         duration = None
     timeout = get("timeout_ms")
     if not (type(timeout) is int and 0 <= timeout <= _INT64_MAX):

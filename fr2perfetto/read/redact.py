@@ -177,7 +177,9 @@ def redact_dumps(
             dump.host = redactor.host(dump.host)
         dump.comm_lib_version = dump.comm_lib_version if re.fullmatch(r"[\d.]*", dump.comm_lib_version) else ""
         dump.pg_config = {
-            redactor.group_name(key): GroupConfig(redactor.group_name(c.name), redactor.desc(c.desc), c.ranks)
+            redactor.group_name(key): GroupConfig(
+                redactor.group_name(c.name), redactor.desc(c.desc), c.ranks, c.claimed
+            )
             for key, c in dump.pg_config.items()
         }
         dump.pg_status = {redactor.group_name(key): value for key, value in dump.pg_status.items()}

@@ -13,6 +13,7 @@ from ..base.words import count, group_called, ranks_text, stacks_said_once
 from ..diagnose.verdict import KIND_STRAGGLER, Diagnosis
 from ..read.job import Job
 from ..read.runs import which_run
+from .terminal import Listed
 
 MAX_FINDINGS = 20
 MAX_FRAMES = 12
@@ -25,8 +26,12 @@ def _cell(text: object) -> str:
     return markdown_text(str(text)) or " "
 
 
-def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, command: str) -> str:
-    """The report, ending with a newline."""
+def render_markdown(
+    job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, command: str, listed: Listed | None = None
+) -> str:
+    """The report, ending with a newline: the job's verdict and culprits, and the findings ``listed``
+    lists (default: the job's first ``MAX_FINDINGS``), each under its number among the job's."""
+    listed = listed or Listed.all_of(diagnosis.findings)
     verdict = diagnosis.verdict
     lines = [
         f"## fr2perfetto verdict: {verdict.status.upper()}",
@@ -36,6 +41,8 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         f"Root cause: {markdown_text(verdict.category)}.",
         "",
     ]
+    if listed.scope:
+        lines += [f"{markdown_text(listed.scope_line())}.", ""]
     if verdict.culprit_ranks:
         lines += [*_culprit_table(job, ops, diagnosis, verdict.culprit_ranks[:MAX_CULPRIT_ROWS]), ""]
     missing = job.missing_ranks
@@ -49,36 +56,49 @@ def render_markdown(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, comman
         lines += ["", "From the logs:", ""] + [f"- {markdown_text(note)}" for note in diagnosis.notes]
     if diagnosis.caveats:
         lines += ["", "What these dumps cannot show:", ""] + [f"- {markdown_text(line)}" for line in diagnosis.caveats]
-    if diagnosis.findings:
+    if listed.numbered:
         lines += ["", "### Findings", ""]
-    findings = diagnosis.findings[:MAX_FINDINGS]
-    for number, (finding, stacks) in enumerate(
-        zip(findings, stacks_said_once(findings, MAX_STACKS), strict=True), start=1
-    ):
-        culprits = f" (culprit {ranks_label(finding.culprit_ranks)})" if finding.culprit_ranks else ""
-        lines.append(f"{number}. **{markdown_text(finding.kind)}**{culprits}: {markdown_text(finding.summary)}")
-        lines += [f"   - {markdown_text(line)}" for line in finding.evidence]
-        for ranks, frames, earlier in stacks:
-            if earlier is not None:
-                lines.append(f"   - stack of {ranks_text(ranks)}: as in finding {earlier}")
-                continue
-            listed = [f"{f.name} ({f.filename}:{f.line})" for f in frames[:MAX_FRAMES]]
-            lines += [
-                "",
-                f"   <details><summary>stack of {ranks_text(ranks)} (innermost first)</summary>",
-                "",
-                *code_block(listed, indent="   "),
-                "",
-                "   </details>",
-                "",
-            ]
-    hidden = len(diagnosis.findings) - MAX_FINDINGS
-    if hidden > 0:
-        lines.append(f"… and {count(hidden, 'more finding')} (`--format json` has them all).")
+    lines += _findings(listed)
     if diagnosis.next_steps:
         lines += ["", "### Next", ""] + [f"- {markdown_text(step)}" for step in diagnosis.next_steps]
     lines += ["", f"<sub>fr2perfetto {__version__} · <code>{html.escape(shown(command))}</code></sub>", ""]
     return "\n".join(lines)
+
+
+def _findings(listed: Listed) -> list[str]:
+    """Each finding listed, under its number among the job's, with its evidence and the culprits' stacks
+    folded away; then how many more there are."""
+    numbered = listed.first(MAX_FINDINGS)
+    findings = [finding for _, finding in numbered]
+    lines: list[str] = []
+    previous = 0
+    for (number, finding), stacks in zip(numbered, stacks_said_once(findings, MAX_STACKS), strict=True):
+        if previous and number != previous + 1:
+            # Markdown numbers a list's items on from its first: a comment ends the list, and the next
+            # one starts at this finding's own number
+            lines += ["", "<!-- -->", ""]
+        previous = number
+        culprits = f" (culprit {ranks_label(finding.culprit_ranks)})" if finding.culprit_ranks else ""
+        lines.append(f"{number}. **{markdown_text(finding.kind)}**{culprits}: {markdown_text(finding.summary)}")
+        lines += [f"   - {markdown_text(line)}" for line in finding.evidence]
+        for ranks, frames, earlier in stacks:
+            if earlier is not None:  # its number in the list shown; the report names findings as the job does
+                lines.append(f"   - stack of {ranks_text(ranks)}: as in finding {numbered[earlier - 1][0]}")
+                continue
+            listed_frames = [f"{f.name} ({f.filename}:{f.line})" for f in frames[:MAX_FRAMES]]
+            lines += [
+                "",
+                f"   <details><summary>stack of {ranks_text(ranks)} (innermost first)</summary>",
+                "",
+                *code_block(listed_frames, indent="   "),
+                "",
+                "   </details>",
+                "",
+            ]
+    hidden = len(listed.numbered) - len(numbered)
+    if hidden > 0:
+        lines.append(f"… and {count(hidden, 'more finding')} (`--all` or `--format json` has them all).")
+    return lines
 
 
 def _culprit_table(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, ranks: tuple[int, ...]) -> list[str]:
