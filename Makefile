@@ -16,12 +16,12 @@ help: ## List the targets
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(INSTALLED): $(BIN)/python pyproject.toml fr2perfetto/_speedups.c
+$(INSTALLED): $(BIN)/python pyproject.toml src/fr2perfetto/_speedups.c
 	$(PIP) install -e . 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import fr2perfetto, perfetto, typer"
 	@touch $@
 
-$(INSTALLED_TEST): $(BIN)/python pyproject.toml fr2perfetto/_speedups.c
+$(INSTALLED_TEST): $(BIN)/python pyproject.toml src/fr2perfetto/_speedups.c
 	$(PIP) install -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import fr2perfetto, perfetto, typer, torch, pytest, hypothesis"
 	@touch $@ $(INSTALLED)
@@ -49,11 +49,11 @@ fuzz-verdicts: $(INSTALLED_TEST) ## Judge the verdicts of 10,000 generated progr
 	$(BIN)/python tests/fuzz_verdicts.py $(FUZZ_ARGS)
 
 lint: $(INSTALLED_TEST) ## ruff: lint and format check
-	$(BIN)/ruff check fr2perfetto tests samples bench
-	$(BIN)/ruff format --check fr2perfetto tests samples bench
+	$(BIN)/ruff check src tests samples bench
+	$(BIN)/ruff format --check src tests samples bench
 
 proto: $(INSTALLED_TEST) ## Regenerate the committed protobuf modules from proto/
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=fr2perfetto/proto --pyi_out=fr2perfetto/proto proto/fr2perfetto_report.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=src/fr2perfetto/proto --pyi_out=src/fr2perfetto/proto proto/fr2perfetto_report.proto
 
 samples: $(INSTALLED_TEST) ## Re-make the bundled samples: real gloo jobs and NCCL-layout dumps
 	rm -rf samples/gloo samples/nccl
@@ -68,4 +68,4 @@ bench: $(INSTALLED_TEST) ## Time convert and analyze against unpickling alone (B
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean: ## Remove what builds and benchmarks leave (not .venv)
-	rm -rf build dist bench-data .pytest_cache fr2perfetto/*.so
+	rm -rf build dist bench-data .pytest_cache src/fr2perfetto/*.so

@@ -191,7 +191,7 @@ def test_committed_report_module_is_up_to_date(tmp_path: Path):
             str(root / "proto" / "fr2perfetto_report.proto")]  # fmt: skip
     assert protoc.main(args) == 0
     for name in ("fr2perfetto_report_pb2.py", "fr2perfetto_report_pb2.pyi"):
-        committed = (root / "fr2perfetto" / "proto" / name).read_text()
+        committed = (root / "src" / "fr2perfetto" / "proto" / name).read_text()
         assert (tmp_path / name).read_text() == committed, f"{name} is stale: run make proto"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fr2perfetto"
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "fr2perfetto"
 # bottom to top; what is not in a sub-package (cli, api, convert, capture, trigger, serve) is the top
 LAYERS = ["base", "proto", "read", "match", "diagnose", "layout", "render"]
 TOP = len(LAYERS)

@@ -22,7 +22,7 @@ def _source_tree(to: Path) -> Path:
     skip = shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info", "build")
     for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, to / name)
-    shutil.copytree(ROOT / "fr2perfetto", to / "fr2perfetto", ignore=skip)  # follows the schema's link
+    shutil.copytree(ROOT / "src" / "fr2perfetto", to / "src" / "fr2perfetto", ignore=skip)  # follows the schema's link
     shutil.copytree(ROOT / "proto", to / "proto")
     return to
 
@@ -43,8 +43,8 @@ def test_sdist_and_wheel_install_into_a_fresh_venv(tmp_path: Path):
 
     with tarfile.open(sdist) as tar:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    assert {"fr2perfetto/_speedups.c", "proto/fr2perfetto_report.proto", "pyproject.toml"} <= in_sdist
-    assert "fr2perfetto/proto/fr2perfetto_report_pb2.py" in in_sdist
+    assert {"src/fr2perfetto/_speedups.c", "proto/fr2perfetto_report.proto", "pyproject.toml"} <= in_sdist
+    assert "src/fr2perfetto/proto/fr2perfetto_report_pb2.py" in in_sdist
     with zipfile.ZipFile(wheel) as whl:
         in_wheel = set(whl.namelist())
     assert {
