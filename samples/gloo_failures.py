@@ -45,7 +45,7 @@ from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gloo_jobs import _free_port, _portable
+from gloo_jobs import _portable, free_port
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout
 SCENARIOS = {"torchrun_abort": 4, "checkpoint_hang": 4, "pair_skip": 8}
@@ -96,7 +96,7 @@ def _torchrun_worker(folder: str) -> None:
 
 
 def _torchrun_abort(out_dir: str) -> None:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "4",
                "--master-addr", "127.0.0.1", "--master-port", str(port), os.path.abspath(__file__), "--worker",
                "torchrun_abort", out_dir]  # fmt: skip
@@ -236,7 +236,7 @@ def _run_ranks(scenario: str, out_dir: str) -> None:
 
     world = SCENARIOS[scenario]
     context = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     scratch = tempfile.mkdtemp(prefix="fr2perfetto_checkpoint_")
     try:
         extra = {"checkpoint": scratch}

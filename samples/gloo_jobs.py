@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import sys
 import time
@@ -24,10 +25,25 @@ from typing import Any
 TIMEOUT = timedelta(seconds=3)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port() -> int:
+    """A free port on 127.0.0.1 for a job's store or server to listen on, outside the kernel's ephemeral
+    range: a port taken by bind(0) and released can go to another process's outgoing connection before the
+    job binds it (gloo opens one per pair of ranks, and tests run side by side), one outside that range
+    cannot."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    choices = range(10_000, max(low, 11_000))
+    for port in random.sample(choices, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port on 127.0.0.1 below the ephemeral range")
 
 
 def _try(call: Callable[[], Any]) -> None:
@@ -314,7 +330,7 @@ def run_scenario(scenario: str, out_dir: str) -> list[str]:
     world = SCENARIOS[scenario][0]
     os.makedirs(out_dir, exist_ok=True)
     context = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     ranks = [context.Process(target=_rank_main, args=(r, world, port, scenario, out_dir)) for r in range(world)]
     for process in ranks:
         process.start()

@@ -23,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_jobs import free_port
 
 SCENARIOS = ("pipeline_healthy", "pipeline_stopped")
 WORLD = 4
@@ -91,12 +93,6 @@ time.sleep(3600)  # until the dumps are taken and the job is ended
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_scenario(scenario: str, out_dir: str) -> list[str]:
     """Run the job; return the files it left in ``out_dir`` (dumps, stack snapshots)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +101,7 @@ def run_scenario(scenario: str, out_dir: str) -> list[str]:
     script = os.path.join(out_dir, ".job.py")
     with open(script, "w") as out:
         out.write(f"STOP_STEP, STOPPED_STAGE, STEPS = {STOP_STEP}, {STOPPED_STAGE}, {STEPS}\n" + JOB)
-    port, debug_port = _free_port(), _free_port()
+    port, debug_port = free_port(), free_port()
     ranks = []
     for rank in range(WORLD):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",

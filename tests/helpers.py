@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable
 from subprocess import Popen
 from typing import Any
 
+from gloo_jobs import free_port  # noqa: F401  (samples/ is on sys.path: conftest)
+
 from fr2perfetto.base.model import Entry
 
 NOW = 1_760_000_000_000_000_000  # a time in 2025, in ns: a nine-byte varint like every real timestamp

@@ -20,7 +20,7 @@ from .tracecheck import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
-API = ("Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "analyze", "load", "write_trace")
+API = ("Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "analyze", "load", "watch", "write_trace")
 
 
 def test_a_job_manager_drains_the_culprits_host(tmp_path: Path):
@@ -168,7 +168,7 @@ def test_help_names_the_api_and_the_docstring_gives_each_a_line():
     classes, functions = shown.index("\nCLASSES\n"), shown.index("\nFUNCTIONS\n")
     for name in ("Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats"):
         assert f"class {name}(" in shown[classes:functions]
-    for name in ("analyze", "load", "write_trace"):
+    for name in ("analyze", "load", "watch", "write_trace"):
         assert f"\n    {name}(" in shown[functions:]
     doc = fr2perfetto.__doc__ or ""
     for name in API:

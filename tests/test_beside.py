@@ -9,7 +9,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT, nccl_layout, run_cli, start_rank, stop_ranks
-from .helpers import wait_ready, wait_until
+from .helpers import free_port, wait_ready, wait_until
 from .tracecheck import read_trace
 
 DEMO = ROOT / "samples" / "nccl" / "demo"  # rank 5 never issued all_reduce #4 of tp
@@ -203,19 +202,13 @@ for step in range(3):
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.torch_job
 def test_the_debug_servers_folder_of_a_real_job_names_where_the_sleeper_is(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(JOB_WITH_DEBUG_SERVER)
     sleep_line = JOB_WITH_DEBUG_SERVER.splitlines().index("        time.sleep(600)  # SLEEP LINE") + 1
     folder = tmp_path / "debug"
-    port, debug_port = _port(), _port()
+    port, debug_port = free_port(), free_port()
     ranks = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -270,7 +263,7 @@ def test_a_real_job_launched_by_torchrun_with_its_logs(tmp_path: Path):
     script.write_text(RAISING_JOB)
     dumps, logs = tmp_path / "dumps", tmp_path / "logs"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-               "127.0.0.1", "--master-port", str(_port()), "--log-dir", str(logs), "--redirects", "3",
+               "127.0.0.1", "--master-port", str(free_port()), "--log-dir", str(logs), "--redirects", "3",
                str(script), str(dumps)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     launched = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)

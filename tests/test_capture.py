@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT, run_cli, start_rank, stop_ranks
-from .helpers import wait_ready, wait_until
+from .helpers import free_port, wait_ready, wait_until
 
 pytestmark = pytest.mark.torch_job  # every test here runs a real gloo job
 
@@ -38,9 +37,7 @@ dist.all_reduce(t)
 
 
 def _ranks(script: Path, dumps: Path, world: int) -> list[subprocess.Popen[bytes]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = []
     for rank in range(world):  # what torchrun does: one process per rank with these variables
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
@@ -285,3 +282,33 @@ def test_a_dump_request_during_a_stop_leaves_the_stop_s_dump(tmp_path: Path):
     job = load_job([str(dumps)])
     assert not job.problems and sorted(job.dumps) == [0, 1]
     assert not list(dumps.glob(".*partial"))
+
+
+LOGGED_SCRIPT = """
+import logging, sys
+from fr2perfetto import capture
+records = []
+class Keep(logging.Handler):
+    def emit(self, record): records.append((record.name, record.levelname, record.getMessage()))
+logger = logging.getLogger("fr2perfetto.capture")
+logger.addHandler(Keep())
+logger.propagate = False  # the job routes it: nothing on stderr
+capture.configure(sys.argv[1])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(2))
+capture.dump(reason="asked by the test")
+print(records)
+"""
+
+
+def test_what_the_capture_helper_says_goes_through_its_logger(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(LOGGED_SCRIPT)
+    port = free_port()
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "dumps")], capture_output=True, text=True,
+                          env=env, timeout=HANG_GUARD)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "('fr2perfetto.capture', 'WARNING', 'fr2perfetto: rank 0 dumped its Flight Recorder to" in done.stdout
+    assert "asked by the test" in done.stdout and "fr2perfetto" not in done.stderr

@@ -34,7 +34,7 @@ import pytest
 
 from .conftest import ROOT, start_rank, stop_ranks
 from .helpers import count_lines as _count_lines
-from .helpers import wait_ready, wait_until
+from .helpers import free_port, wait_ready, wait_until
 from .test_hostile import _dump, _entry
 from .tracecheck import read_trace
 
@@ -680,9 +680,7 @@ dist.all_reduce(t, group=pair)  # rank 1 blocks here until killed
 
 
 def _start_ranks(script: Path, folder: Path, world: int) -> list[subprocess.Popen[bytes]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",

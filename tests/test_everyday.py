@@ -21,6 +21,7 @@ from fr2perfetto import serve
 from fr2perfetto.read.redact import public_code
 
 from .conftest import ROOT, run_cli, start_rank, stop_ranks
+from .helpers import free_port
 from .tracecheck import read_trace
 
 
@@ -218,9 +219,7 @@ def test_capture_dumps_every_rank_of_a_real_job(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(CAPTURE_SCRIPT)
     dumps = tmp_path / "dumps"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = []
     for rank in range(4):  # what torchrun does: one process per rank with these variables
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import os
 import pickle
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+import fr2perfetto
 from fr2perfetto.base.model import Entry, Frame, Group, MatchedOp
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams, timeline
@@ -182,11 +185,73 @@ def test_the_ranks_equal_values_become_one_object_the_same_in_c_and_python():
 
 
 def test_an_environment_variable_turns_the_speedups_off_and_version_says_so():
-    for value, says in (("1", "(C speed-ups off: pure Python)"), ("0", "(C speed-ups on)")):
+    for value, says in (
+        ("1", "(C speed-ups off: pure Python, as FR2PERFETTO_NO_SPEEDUPS asks)"),
+        ("0", "(C speed-ups on)"),
+    ):
         env = dict(os.environ, FR2PERFETTO_NO_SPEEDUPS=value)
         command = [sys.executable, "-m", "fr2perfetto", "--version"]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         assert result.stdout.strip().endswith(says), result.stdout
+
+
+def test_version_says_why_the_speedups_were_not_built_and_the_command_that_builds_them():
+    # An install without a C compiler leaves no module file: here one that cannot be found, as then.
+    script = (
+        "import sys; sys.modules['fr2perfetto._speedups'] = None; sys.argv = ['fr2perfetto', '--version']; "
+        "from fr2perfetto.cli import main; main()"
+    )
+    env = dict(os.environ, FR2PERFETTO_NO_SPEEDUPS="0", COLUMNS="80")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    first, why, command = result.stdout.splitlines()
+    assert first.endswith("(C speed-ups off: not built when fr2perfetto was installed)"), first
+    assert "C compiler" in why and "cached" in why
+    parts = shlex.split(command)
+    assert parts[:7] == [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-cache-dir"]
+    origin = json.loads(importlib.metadata.distribution("fr2perfetto").read_text("direct_url.json") or "{}")
+    if origin.get("dir_info", {}).get("editable"):
+        # installed from this clone (editable, by `make install-test`): built from it again, into this Python
+        editable, folder = parts[7:]
+        assert editable == "-e" and Path(folder).resolve() == SAMPLES.parent.resolve()
+    else:  # the wheel `make dist` made, tested installed: the index's sdist
+        assert parts[7:] == ["--no-binary", "fr2perfetto", f"fr2perfetto=={fr2perfetto.__version__}"]
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "source"),
+    [
+        (None, ["--no-binary", "fr2perfetto", "fr2perfetto=={version}"]),  # from the package index
+        ({"url": "file:///opt/src/fr%2Bp", "dir_info": {}}, ["/opt/src/fr+p"]),
+        (
+            {"url": "https://example.org/fr.git", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
+            ["git+https://example.org/fr.git@abc123"],
+        ),
+        (
+            {"url": "https://example.org/fr2perfetto-0.1.0.tar.gz", "archive_info": {}},
+            ["https://example.org/fr2perfetto-0.1.0.tar.gz"],
+        ),
+        # a wheel it came from is the one built without them: the index's sdist
+        (
+            {"url": "file:///tmp/fr2perfetto-0.1.0-py3-none-any.whl", "archive_info": {}},
+            ["--no-binary", "fr2perfetto", "fr2perfetto=={version}"],
+        ),
+    ],
+)
+def test_the_command_that_builds_the_speedups_installs_from_where_fr2perfetto_came(
+    monkeypatch: pytest.MonkeyPatch, direct_url: dict[str, object] | None, source: list[str]
+):
+    import importlib.metadata
+
+    from fr2perfetto import __version__, cli
+
+    class Installed:
+        def read_text(self, name: str) -> str | None:
+            return json.dumps(direct_url) if name == "direct_url.json" and direct_url is not None else None
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Installed())
+    command = shlex.split(cli._rebuild_command())
+    assert command[:7] == [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-cache-dir"]
+    assert command[7:] == [part.format(version=__version__) for part in source]
 
 
 def test_entries_cross_from_columns_the_same_in_c_and_python():

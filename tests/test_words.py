@@ -313,3 +313,102 @@ def test_a_trace_chosen_without_the_op_that_hung_the_job_says_so(tmp_path: Path,
 def test_keep_names_with_redact_is_taken():
     code, stdout, stderr = run_cli("analyze", str(SKIP), "--redact", "--keep-names")
     assert code == 1 and "--keep-names" not in stderr and "gloo_jobs.py" in stdout and "/job/" not in stdout
+
+
+def test_every_environment_variable_is_documented_in_one_place():
+    documented = (ROOT / "docs" / "environment.md").read_text()
+    sources = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").glob("*.py"), ROOT / "Makefile"]
+    named = {name for path in sources for name in re.findall(r"\b(?:FR2PERFETTO|TORCH)_[A-Z_]+[A-Z]", path.read_text())}
+    named -= {"FR2PERFETTO_ASCII"}  # not a variable: a codec error handler's name
+    missing = sorted(name for name in named if f"`{name}`" not in documented)
+    assert not missing, f"not in docs/environment.md: {missing}"
+
+
+def _project_url(label: str) -> str:
+    """A URL of the installed package's metadata ([project.urls] of pyproject.toml), by its label."""
+    from importlib.metadata import metadata
+
+    urls = dict(entry.split(", ", 1) for entry in metadata("fr2perfetto").get_all("Project-URL") or [])
+    return urls[label]
+
+
+def test_an_internal_error_exits_70_in_one_line_with_its_traceback_saved_privately(tmp_path: Path):
+    from fr2perfetto import __version__
+    from fr2perfetto.cli import EXIT_INTERNAL_ERROR, FORCE_INTERNAL_ERROR, ISSUES_URL
+
+    environment = {**os.environ, FORCE_INTERNAL_ERROR: "1", "TMPDIR": str(tmp_path), "COLUMNS": "80"}
+    done = subprocess.run([sys.executable, "-m", "fr2perfetto", "info", str(SKIP)], capture_output=True, text=True,
+                          env=environment, timeout=120)  # fmt: skip
+    assert done.returncode == EXIT_INTERNAL_ERROR == 70 and done.stdout == ""
+    assert _project_url("Issues") == ISSUES_URL
+    said = re.fullmatch(
+        rf"fr2perfetto {re.escape(__version__)}: internal error \(RuntimeError\): please report it at "
+        rf"{re.escape(ISSUES_URL)}, with the traceback saved in (\S+)\n",
+        done.stderr,
+    )
+    assert said, done.stderr  # one line, and no traceback on the terminal
+    saved = Path(said.group(1))
+    assert saved.parent == tmp_path and saved.name.startswith("fr2perfetto-crash-") and saved.suffix == ".txt"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    text = saved.read_text()
+    assert f"command: fr2perfetto info {SKIP}" in text and "Traceback (most recent call last):" in text
+    assert f"RuntimeError: {FORCE_INTERNAL_ERROR} is set" in text.splitlines()[-1]
+
+
+def test_an_internal_error_whose_traceback_cannot_be_saved_still_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    import tempfile
+
+    from fr2perfetto import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))  # where mkstemp writes: no such folder
+    assert cli._internal_error(ValueError("\x1b[2J from a dump")) == cli.EXIT_INTERNAL_ERROR
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "\x1b" not in stderr
+    assert "internal error (ValueError)" in stderr and "the traceback could not be saved (No such file" in stderr
+
+
+def test_every_command_says_its_exit_codes_in_its_help():
+    for command in ("convert", "analyze", "open", "info", "trigger"):
+        code, stdout, _ = run_cli(command, "--help")
+        said = _said(stdout)
+        assert code == 0 and "Exit codes: 0 " in said and "70 internal error" in said, command
+        assert "130 interrupted" in said and "141 standard output closed early" in said, command
+    assert "3 undecided" in _said(run_cli("analyze", "--help")[1])
+    assert "0 trace written (whatever the verdict" in _said(run_cli("convert", "--help")[1])
+
+
+def test_the_readme_lists_every_exit_code():
+    from fr2perfetto.cli import EXIT_INTERNAL_ERROR, EXIT_READER_LEFT, EXIT_UNUSABLE
+    from fr2perfetto.diagnose.verdict import EXIT_FINDINGS, EXIT_HEALTHY, EXIT_UNDECIDED
+
+    section = (ROOT / "README.md").read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    codes = {row.split("|")[1].strip() for row in section.splitlines() if row.startswith("| ")}
+    expected = {EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNUSABLE, EXIT_UNDECIDED, EXIT_INTERNAL_ERROR, EXIT_READER_LEFT}
+    assert {str(code) for code in expected} | {"130", "128 + N"} <= codes
+
+
+def test_the_version_is_one_number_the_command_and_the_package_metadata_agree_on():
+    from importlib.metadata import version
+
+    import fr2perfetto
+
+    printed = _command("--version").stdout.split()
+    assert printed[:2] == ["fr2perfetto", version("fr2perfetto")] and printed[1] == fr2perfetto.__version__
+    project = (ROOT / "pyproject.toml").read_text().split("\n[project]\n", 1)[1].split("\n[", 1)[0]
+    assert 'dynamic = ["version"]' in project and not re.search(r"^version\s*=", project, re.M)
+
+
+def test_the_readmes_links_work_away_from_the_repository():
+    # PyPI shows the README without the repository beside it: a relative link or picture would be broken there
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme) + re.findall(r"""src=["']([^"']+)""", readme)
+    assert targets and all(target.startswith(("https://", "#")) for target in targets), [
+        target for target in targets if not target.startswith(("https://", "#"))
+    ]
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme)
+    raw = "https://raw.githubusercontent.com/fr2perfetto/fr2perfetto/"
+    assert pictures and all(picture.startswith(raw) for picture in pictures)
+    assert _project_url("Source") == "https://github.com/fr2perfetto/fr2perfetto"
+    assert _project_url("Changelog").endswith("/CHANGELOG.md") and (ROOT / "CHANGELOG.md").is_file()

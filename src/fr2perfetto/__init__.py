@@ -5,6 +5,8 @@ The Python API (``fr2perfetto.api``; the command line is built on it):
 - ``load(paths, ...) -> Job``: read the dumps (files, folders, archives, globs) and what lies beside them.
 - ``analyze(job, inputs=...) -> Report``: the verdict, culprits, findings and next steps.
 - ``write_trace(job, path, report=...) -> (TraceStats, View)``: write the Perfetto (or Chrome JSON) trace.
+- ``watch(target, stall=..., on_progress=..., on_hang=...) -> Report | None``: watch a running job through
+  PyTorch's debug server; when it stands still, take every rank's evidence and return its verdict.
 - ``Report``: the verdict; ``to_dict()`` and ``to_json()`` are what ``fr2perfetto analyze --json`` prints.
 - ``Culprit``: a rank to blame, its host where known, and why.
 - ``ReportFinding``: one thing wrong with the job: kind, summary, evidence, culprits, group, op.
@@ -24,8 +26,20 @@ here), ``cli`` (the command line), ``capture`` and ``trigger`` (dumps from a run
 
 __version__ = "0.1.0"
 
-_API = ("Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "analyze", "load", "write_trace")
-__all__ = ["__version__", *_API]
+# For type checkers only, which take ``if TYPE_CHECKING:`` as true: without these imports the lazy
+# ``__getattr__`` below would make ``fr2perfetto.analyze`` and the rest ``object`` to them. The flag is
+# defined here, not imported from typing, which ``import fr2perfetto`` must not load.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .api import Culprit, Job, NoDumps, Report, ReportFinding, TraceStats, analyze, load, watch, write_trace
+
+# Spelled out, not built from _API: type checkers (and ruff) read a literal ``__all__`` as what the
+# package exports, and a strict mypy refuses ``from fr2perfetto import load`` where it is not.
+__all__ = [
+    "Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "__version__", "analyze", "load",
+    "watch", "write_trace",
+]  # fmt: skip
+_API = tuple(name for name in __all__ if name != "__version__")
 
 
 def __getattr__(name: str) -> object:

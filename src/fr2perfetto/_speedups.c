@@ -23,11 +23,69 @@
  *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
  *   varints, and for an instant that stands for no entry (an enqueue); everything else goes to the
  *   Python fallback it is given.
+ *
+ * Only the stable ABI of Python 3.10 is used (the limited API): one build, tagged cp310-abi3, loads on
+ * every CPython from 3.10 on, so a wheel need not be made for each Python. Items of lists and tuples
+ * are read through PyList_GetItem and PyTuple_GetItem, not through their arrays, which the stable ABI
+ * hides; the version here and py_limited_api in setup.cfg must name the same Python.
  */
+#define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+
+/* Py_XSETREF, which the limited API does not offer: replace a reference, releasing the old one last. */
+#define REPLACE_REF(target, value)                  \
+    do {                                            \
+        PyObject *replaced_ = (PyObject *)(target); \
+        (target) = (value);                         \
+        Py_XDECREF(replaced_);                      \
+    } while (0)
+
+/* Item i of a list or tuple (the caller has checked which, and that i is in range); borrowed. */
+static inline PyObject *item_at(PyObject *sequence, Py_ssize_t i) {
+    return PyList_CheckExact(sequence) ? PyList_GetItem(sequence, i) : PyTuple_GetItem(sequence, i);
+}
+
+/* len() of a tuple or list the caller has checked to be one: its ob_size, a field the stable ABI keeps
+ * (PyVarObject), read without the call PyTuple_Size or PyList_Size makes. */
+#define LENGTH(sequence) Py_SIZE(sequence)
+
+/* tuple.__new__, looked up once (PyType_GetSlot reads a static type's slots from Python 3.10 on). */
+static newfunc tuple_new;
+/* 1 when the running Python caches a tuple's hash in the tuple (3.14 on; this build runs on any from 3.10). */
+static int hash_cached;
+
+/* How the instances of a tuple subclass (Entry, Slice) are made, as tuple.__new__(type, items) makes them.
+ * Up to 3.13 that is the type's tp_alloc with the items set after, done here directly (no two passing
+ * tuples). From 3.14 tuple.__new__ also marks the cached hash not computed, a field the stable ABI cannot
+ * reach (a tuple from tp_alloc would hash as 0): there tuple.__new__ itself makes them. */
+typedef struct {
+    PyTypeObject *type; /* NULL: a plain tuple */
+    allocfunc alloc;    /* NULL: tuple.__new__ */
+} Maker;
+
+static void maker_for(Maker *maker, PyTypeObject *type) {
+    maker->type = type;
+    maker->alloc = type == NULL || hash_cached ? NULL : (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+}
+
+/* A ``maker->type`` holding items[0:count] (borrowed). New reference; NULL with an error set. */
+static PyObject *make(const Maker *maker, PyObject *const *items, Py_ssize_t count) {
+    int direct = maker->alloc != NULL;
+    PyObject *made = direct ? maker->alloc(maker->type, count) : PyTuple_New(count);
+    for (Py_ssize_t i = 0; made != NULL && i < count; i++)
+        if (PyTuple_SetItem(made, i, Py_NewRef(items[i])) < 0) Py_CLEAR(made);
+    if (made == NULL || direct || maker->type == NULL) return made;
+    PyObject *args = PyTuple_Pack(1, made);
+    Py_DECREF(made);
+    if (args == NULL) return NULL;
+    made = tuple_new(maker->type, args, NULL);
+    Py_DECREF(args);
+    return made;
+}
 
 /* 1 when a function was called with ``expected`` arguments; else 0, with TypeError set. */
 static int takes(const char *function, Py_ssize_t nargs, Py_ssize_t expected) {
@@ -64,9 +122,17 @@ static PyObject *lookup(PyObject *table, PyObject *key) {
  * lookup compares, ``==``) finds the same, without making the key anew. The cache dicts only grow
  * while a dump is read, so a value found stays valid. */
 #define RECENT 4
+/* A recent key's items are read once, where it has at most this many, and compared from here after: the
+ * stable ABI reads a tuple's items only through a call each. */
+#define KEPT 16
 typedef struct {
     PyObject *keys[RECENT]; /* new references, or NULL */
     PyObject *values[RECENT]; /* borrowed from the cache dict */
+    /* keys[i]'s items (borrowed from it: a tuple never changes), or for a stack the frames whose ids
+     * they are (addresses, compared and never read) */
+    PyObject *items[RECENT][KEPT];
+    Py_ssize_t sizes[RECENT]; /* len(keys[i]) where its items are kept, else -1 */
+    int ids; /* 1: the keys are tuples of id()s (stacks) */
     int next;
 } Recent;
 
@@ -92,8 +158,18 @@ static PyObject *cached(PyObject *table, PyObject *key, Recent *recent) {
     }
     int slot = recent->next;
     recent->next = (slot + 1) % RECENT;
-    Py_XSETREF(recent->keys[slot], key);
+    REPLACE_REF(recent->keys[slot], key);
     recent->values[slot] = found;
+    Py_ssize_t size = PyTuple_CheckExact(key) ? LENGTH(key) : -1;
+    recent->sizes[slot] = size <= KEPT ? size : -1;
+    for (Py_ssize_t i = 0; recent->sizes[slot] >= 0 && i < size; i++) {
+        PyObject *item = PyTuple_GetItem(key, i);
+        recent->items[slot][i] = recent->ids ? (PyObject *)PyLong_AsVoidPtr(item) : item;
+        if (PyErr_Occurred()) { /* an id that is not one: the key is read from itself */
+            PyErr_Clear();
+            recent->sizes[slot] = -1;
+        }
+    }
     return found;
 }
 
@@ -105,15 +181,32 @@ static int same(PyObject *a, PyObject *b) {
     return equal > 0;
 }
 
+/* What is compared with a cached key: an entry's values (a C array), or a list or tuple of the dump's,
+ * read item by item (the stable ABI gives no pointer to its items). */
+typedef struct {
+    PyObject *const *array; /* NULL: the items of ``sequence`` */
+    PyObject *sequence;
+    Py_ssize_t size;
+} Items;
+
+/* Item i of ``items``, borrowed; NULL (with an error set) only where a list shrank under us. */
+static inline PyObject *items_get(const Items *items, Py_ssize_t i) {
+    return items->array != NULL ? items->array[i] : item_at(items->sequence, i);
+}
+
 static int same_items(PyObject *raw, PyObject *key, int depth);
 
-/* 1 when items[0:size] equal ``key`` (a tuple) item by item; when depth is 2, each item is a list or
+/* 1 when ``items`` equal ``key`` (a tuple) item by item; when depth is 2, each item is a list or
  * tuple that equals the tuple at its place in ``key`` item by item. */
-static int same_array(PyObject *const *items, Py_ssize_t size, PyObject *key, int depth) {
-    if (!PyTuple_CheckExact(key) || size != PyTuple_GET_SIZE(key)) return 0;
-    for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *expected = PyTuple_GET_ITEM(key, i);
-        if (!(depth > 1 ? same_items(items[i], expected, depth - 1) : same(items[i], expected))) return 0;
+static int same_array(const Items *items, PyObject *key, int depth) {
+    if (!PyTuple_CheckExact(key) || items->size != LENGTH(key)) return 0;
+    for (Py_ssize_t i = 0; i < items->size; i++) {
+        PyObject *expected = PyTuple_GetItem(key, i), *got = items_get(items, i);
+        if (got == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (!(depth > 1 ? same_items(got, expected, depth - 1) : same(got, expected))) return 0;
     }
     return 1;
 }
@@ -122,29 +215,48 @@ static int same_array(PyObject *const *items, Py_ssize_t size, PyObject *key, in
  * depth is 2, tuple(map(tuple, raw))) would equal. */
 static int same_items(PyObject *raw, PyObject *key, int depth) {
     if (!PyList_CheckExact(raw) && !PyTuple_CheckExact(raw)) return 0;
-    return same_array(PySequence_Fast_ITEMS(raw), PySequence_Fast_GET_SIZE(raw), key, depth);
+    Items items = {NULL, raw, LENGTH(raw)};
+    return same_array(&items, key, depth);
 }
 
-/* The value a recent key equal to items[0:size] (see same_array) found; NULL (no error) when none is.
+/* 1 when ``items`` equal the recent key in ``slot`` as same_array compares them. */
+static int same_as_recent(const Recent *recent, int slot, const Items *items, int depth) {
+    Py_ssize_t size = recent->sizes[slot];
+    if (size < 0) return same_array(items, recent->keys[slot], depth);
+    if (items->size != size) return 0;
+    PyObject *const *kept = recent->items[slot];
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *got = items_get(items, i);
+        if (got == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (!(depth > 1 ? same_items(got, kept[i], depth - 1) : same(got, kept[i]))) return 0;
+    }
+    return 1;
+}
+
+/* The value a recent key equal to ``items`` (see same_array) found; NULL (no error) when none is.
  * Borrowed. */
-static PyObject *recent_match(Recent *recent, PyObject *const *items, Py_ssize_t size, int depth) {
+static PyObject *recent_match(Recent *recent, const Items *items, int depth) {
     for (int i = 0; i < RECENT; i++)
-        if (recent->keys[i] != NULL && same_array(items, size, recent->keys[i], depth)) return recent->values[i];
+        if (recent->keys[i] != NULL && same_as_recent(recent, i, items, depth)) return recent->values[i];
     return NULL;
 }
 
 /* tuple(map(tuple, value)) as a lookup key; NULL (no error) when an item is not iterable. New reference. */
 static PyObject *tuple_of_tuples(PyObject *value) {
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    Py_ssize_t size = LENGTH(value);
     PyObject *key = PyTuple_New(size);
     if (key == NULL) return NULL;
     for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *inner = PySequence_Tuple(PySequence_Fast_GET_ITEM(value, i));
+        PyObject *item = item_at(value, i);
+        PyObject *inner = item == NULL ? NULL : PySequence_Tuple(item);
         if (inner == NULL) {
             Py_DECREF(key);
             return NULL;
         }
-        PyTuple_SET_ITEM(key, i, inner);
+        PyTuple_SetItem(key, i, inner);
     }
     return key;
 }
@@ -152,7 +264,8 @@ static PyObject *tuple_of_tuples(PyObject *value) {
 /* The cached sizes (depth 2) or dtypes (depth 1) for a list already read; NULL when not cached. Borrowed. */
 static PyObject *known_items(PyObject *table, Recent *recent, PyObject *value, int depth) {
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
-    PyObject *found = recent_match(recent, PySequence_Fast_ITEMS(value), PySequence_Fast_GET_SIZE(value), depth);
+    Items items = {NULL, value, LENGTH(value)};
+    PyObject *found = recent_match(recent, &items, depth);
     if (found != NULL) return found;
     return cached(table, depth > 1 ? tuple_of_tuples(value) : PySequence_Tuple(value), recent);
 }
@@ -161,21 +274,24 @@ static PyObject *known_items(PyObject *table, Recent *recent, PyObject *value, i
  * Borrowed. An empty stack is the empty tuple. */
 static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *value, PyObject *empty) {
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(value);
+    Py_ssize_t size = LENGTH(value);
     if (size == 0) return empty;
-    PyObject *const *items = PySequence_Fast_ITEMS(value);
     for (int r = 0; r < RECENT; r++) { /* the same frame dicts as a recent stack: its frames */
         PyObject *ids = recent->keys[r];
-        if (ids == NULL || PyTuple_GET_SIZE(ids) != size) continue;
-        Py_ssize_t i = 0;
-        while (i < size && PyLong_AsVoidPtr(PyTuple_GET_ITEM(ids, i)) == (void *)items[i]) i++;
+        Py_ssize_t kept = recent->sizes[r], i = 0;
+        if (ids == NULL || (kept >= 0 ? kept : LENGTH(ids)) != size) continue;
+        if (kept >= 0)
+            while (i < size && recent->items[r][i] == item_at(value, i)) i++;
+        else
+            while (i < size && PyLong_AsVoidPtr(PyTuple_GetItem(ids, i)) == (void *)item_at(value, i)) i++;
         if (i == size) return recent->values[r];
     }
     PyObject *ids = PyTuple_New(size);
     for (Py_ssize_t i = 0; ids != NULL && i < size; i++) {
-        PyObject *id = PyLong_FromVoidPtr(items[i]);
+        PyObject *item = item_at(value, i);
+        PyObject *id = item == NULL ? NULL : PyLong_FromVoidPtr(item);
         if (id == NULL) Py_CLEAR(ids);
-        else PyTuple_SET_ITEM(ids, i, id);
+        else PyTuple_SetItem(ids, i, id);
     }
     return cached(frame_tuples, ids, recent);
 }
@@ -183,17 +299,20 @@ static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *
 /* The remembered shape of an entry whose repeating fields are values[0:count]; NULL when not
  * remembered. Borrowed. */
 static PyObject *known_shape(PyObject *shapes, Recent *recent, PyObject *const *values, int count) {
-    PyObject *found = recent_match(recent, values, count, 1);
+    Items items = {values, NULL, count};
+    PyObject *found = recent_match(recent, &items, 1);
     if (found != NULL) return found;
     PyObject *key = PyTuple_New(count);
-    for (int i = 0; key != NULL && i < count; i++) PyTuple_SET_ITEM(key, i, Py_NewRef(values[i]));
+    for (int i = 0; key != NULL && i < count; i++) PyTuple_SetItem(key, i, Py_NewRef(values[i]));
     return cached(shapes, key, recent);
 }
 
 /* One entry as reader._read_entry_fast reads it, but only when every repeating field is already in
- * the caches: a new row (a plain tuple of Entry's fields), or NULL with no error set. */
+ * the caches: a new row (a plain tuple of Entry's fields, or what ``maker`` makes), or NULL: with no
+ * error set, not on the fast path. */
 static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys, PyObject *shapes, PyObject *sizes,
-                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty, Recents *recents) {
+                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty, Recents *recents,
+                          const Maker *maker) {
     PyObject *values[FAST_KEY_COUNT];
     if (!PyDict_CheckExact(item)) return NULL;
     for (int i = 0; i < FAST_KEY_COUNT; i++) {
@@ -209,7 +328,7 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
     PyObject *started = values[6], *completed = values[7], *duration = values[8];
     if (started != Py_None && !is_count(started)) return NULL;
     if (completed != Py_None && !is_count(completed)) return NULL;
-    if (duration != Py_None && !(PyFloat_CheckExact(duration) && isfinite(PyFloat_AS_DOUBLE(duration))))
+    if (duration != Py_None && !(PyFloat_CheckExact(duration) && isfinite(PyFloat_AsDouble(duration))))
         return NULL;
     for (int i = 9; i < 13; i++)
         if (!PyList_CheckExact(values[i]) && !PyTuple_CheckExact(values[i])) return NULL;
@@ -218,7 +337,7 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
         !PyUnicode_CheckExact(values[20]) || !PyUnicode_CheckExact(values[21]))
         return NULL;
     PyObject *shape = known_shape(shapes, &recents->shapes, values + 14, FAST_KEY_COUNT - 14);
-    if (shape == NULL || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != 11) return NULL;
+    if (shape == NULL || !PyTuple_CheckExact(shape) || LENGTH(shape) != 11) return NULL;
     PyObject *sizes_in = known_items(sizes, &recents->sizes, values[9], 2);
     PyObject *sizes_out = sizes_in == NULL ? NULL : known_items(sizes, &recents->sizes, values[10], 2);
     PyObject *dtypes_in = sizes_out == NULL ? NULL : known_items(dtypes, &recents->dtypes, values[11], 1);
@@ -228,22 +347,26 @@ static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys,
     PyObject *zero_is_none[2] = {started, completed}; /* `started or None`: 0 means unknown */
     for (int i = 0; i < 2; i++)
         if (zero_is_none[i] != Py_None && PyObject_Not(zero_is_none[i]) == 1) zero_is_none[i] = Py_None;
-    PyObject *row = PyTuple_Pack(
-        27, rank, PyTuple_GET_ITEM(shape, 0), PyTuple_GET_ITEM(shape, 1), values[1], values[0], values[2], values[3],
-        values[4], PyTuple_GET_ITEM(shape, 2), PyTuple_GET_ITEM(shape, 3), PyTuple_GET_ITEM(shape, 4),
-        PyTuple_GET_ITEM(shape, 5), sizes_in, sizes_out, dtypes_in, dtypes_out, PyTuple_GET_ITEM(shape, 6),
-        PyTuple_GET_ITEM(shape, 7), values[5], zero_is_none[0], zero_is_none[1], duration, PyTuple_GET_ITEM(shape, 8),
-        PyTuple_GET_ITEM(shape, 9), PyTuple_GET_ITEM(shape, 10), frames, Py_None);
-    if (row == NULL) PyErr_Clear();
-    return row;
+    PyObject *known[11]; /* the shape: what the entry's repeating fields were read as */
+    for (int i = 0; i < 11; i++) known[i] = PyTuple_GetItem(shape, i);
+    PyObject *const row[27] = {
+        rank, known[0], known[1], values[1], values[0], values[2], values[3], values[4], known[2],
+        known[3], known[4], known[5], sizes_in, sizes_out, dtypes_in, dtypes_out, known[6], known[7],
+        values[5], zero_is_none[0], zero_is_none[1], duration, known[8], known[9], known[10], frames, Py_None,
+    };
+    if (maker->type != NULL) return make(maker, row, 27);
+    /* a plain tuple in one call, not a call for each item */
+    return PyTuple_Pack(27, row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10],
+                        row[11], row[12], row[13], row[14], row[15], row[16], row[17], row[18], row[19], row[20],
+                        row[21], row[22], row[23], row[24], row[25], row[26]);
 }
 
 /* ``keys`` as the dump spells them: the key objects of its first entry where equal. A dump's pickle
  * holds each key once, so every entry's dict then finds them by identity, without comparing text. */
 static void own_keys(PyObject *entries, PyObject *const *keys, PyObject **out) {
     for (int i = 0; i < FAST_KEY_COUNT; i++) out[i] = keys[i];
-    if (PyList_GET_SIZE(entries) == 0 || !PyDict_CheckExact(PyList_GET_ITEM(entries, 0))) return;
-    PyObject *first = PyList_GET_ITEM(entries, 0), *key, *value;
+    if (LENGTH(entries) == 0 || !PyDict_CheckExact(PyList_GetItem(entries, 0))) return;
+    PyObject *first = PyList_GetItem(entries, 0), *key, *value;
     Py_ssize_t position = 0;
     while (PyDict_Next(first, &position, &key, &value)) {
         if (!PyUnicode_CheckExact(key)) continue;
@@ -267,15 +390,15 @@ static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (index == -1 && PyErr_Occurred()) return NULL;
     if (!PyList_CheckExact(entries) || !PyList_Check(out) || !PyDict_CheckExact(shapes) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(dtypes) || !PyDict_CheckExact(frame_tuples) ||
-        !PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != FAST_KEY_COUNT ||
+        !PyTuple_CheckExact(keys) || LENGTH(keys) != FAST_KEY_COUNT ||
         (entry_type != Py_None && !(PyType_Check(entry_type) &&
                                     PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type)))) {
         PyErr_SetString(PyExc_TypeError, "read_rows: bad arguments");
         return NULL;
     }
-    PyObject *const *key_items = PySequence_Fast_ITEMS(keys);
+    PyObject *key_items[FAST_KEY_COUNT]; /* borrowed: the keys tuple holds them */
     for (int i = 0; i < FAST_KEY_COUNT; i++)
-        if (!PyUnicode_CheckExact(key_items[i])) {
+        if (!PyUnicode_CheckExact(key_items[i] = PyTuple_GetItem(keys, i))) {
             PyErr_SetString(PyExc_TypeError, "read_rows: keys must be strings");
             return NULL;
         }
@@ -284,21 +407,18 @@ static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *keys_here[FAST_KEY_COUNT];
     own_keys(entries, key_items, keys_here);
     Recents recents = {0};
+    recents.frames.ids = 1;
+    Maker maker;
+    maker_for(&maker, entry_type == Py_None ? NULL : (PyTypeObject *)entry_type);
     PyObject *result = NULL;
-    for (; index >= 0 && index < PyList_GET_SIZE(entries); index++) {
-        PyObject *item = PyList_GET_ITEM(entries, index);
+    for (; index >= 0 && index < LENGTH(entries); index++) {
+        PyObject *item = PyList_GetItem(entries, index);
         Py_INCREF(item);
-        PyObject *row = read_row(item, rank, keys_here, shapes, sizes, dtypes, frame_tuples, empty, &recents);
+        PyObject *row =
+            read_row(item, rank, keys_here, shapes, sizes, dtypes, frame_tuples, empty, &recents, &maker);
         Py_DECREF(item);
+        if (row == NULL && PyErr_Occurred()) goto finish;
         if (row == NULL) break;
-        if (entry_type != Py_None) {
-            PyObject *wrapped = PyTuple_Pack(1, row);
-            Py_DECREF(row);
-            if (wrapped == NULL) goto finish;
-            row = PyTuple_Type.tp_new((PyTypeObject *)entry_type, wrapped, NULL); /* tuple.__new__(Entry, row) */
-            Py_DECREF(wrapped);
-            if (row == NULL) goto finish;
-        }
         int appended = PyList_Append(out, row);
         Py_DECREF(row);
         if (appended < 0) goto finish;
@@ -327,28 +447,32 @@ static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, P
     }
     PyTypeObject *entry_type = (PyTypeObject *)args[0];
     PyObject *columns = args[1];
-    Py_ssize_t fields = PyList_GET_SIZE(columns), rows = fields ? -1 : 0;
+    Py_ssize_t fields = LENGTH(columns), rows = fields ? -1 : 0;
     for (Py_ssize_t f = 0; f < fields; f++) {
-        PyObject *column = PyList_GET_ITEM(columns, f);
-        if (!PyTuple_CheckExact(column) || (rows >= 0 && PyTuple_GET_SIZE(column) != rows)) {
+        PyObject *column = PyList_GetItem(columns, f);
+        if (!PyTuple_CheckExact(column) || (rows >= 0 && LENGTH(column) != rows)) {
             PyErr_SetString(PyExc_ValueError, "entries_from_columns: columns must be tuples of one length");
             return NULL;
         }
-        rows = PyTuple_GET_SIZE(column);
+        rows = LENGTH(column);
     }
+    /* the columns, held here (making an entry may run the garbage collector, and what it runs could
+     * change the list), then one row's items (borrowed from the columns) */
+    PyObject **held = PyMem_Calloc(fields ? 2 * (size_t)fields : 1, sizeof(PyObject *));
+    if (held == NULL) return PyErr_NoMemory();
+    PyObject **row = held + fields;
+    for (Py_ssize_t f = 0; f < fields; f++) held[f] = Py_NewRef(PyList_GetItem(columns, f));
+    Maker maker;
+    maker_for(&maker, entry_type);
     PyObject *entries = PyList_New(rows);
-    if (entries == NULL) return NULL;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        /* as tuple.__new__(entry_type, row) does it: allocate the subclass, then fill it */
-        PyObject *entry = entry_type->tp_alloc(entry_type, fields);
-        if (entry == NULL) {
-            Py_DECREF(entries);
-            return NULL;
-        }
-        for (Py_ssize_t f = 0; f < fields; f++)
-            PyTuple_SET_ITEM(entry, f, Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(columns, f), r)));
-        PyList_SET_ITEM(entries, r, entry);
+    for (Py_ssize_t r = 0; entries != NULL && r < rows; r++) {
+        for (Py_ssize_t f = 0; f < fields; f++) row[f] = PyTuple_GetItem(held[f], r);
+        PyObject *entry = make(&maker, row, fields);
+        if (entry == NULL) Py_CLEAR(entries);
+        else PyList_SetItem(entries, r, entry);
     }
+    for (Py_ssize_t f = 0; f < fields; f++) Py_DECREF(held[f]);
+    PyMem_Free(held);
     return entries;
 }
 
@@ -368,27 +492,29 @@ static PyObject *canonical_column(PyObject *module, PyObject *const *args, Py_ss
     /* a column repeats a few values: the last ones met, and the canonical ones they stand for */
     PyObject *met[RECENT] = {NULL}, *stands_for[RECENT] = {NULL};
     int next = 0;
-    Py_ssize_t size = PyTuple_GET_SIZE(column);
+    Py_ssize_t size = LENGTH(column);
     PyObject *out = PyTuple_New(size);
     for (Py_ssize_t i = 0; out != NULL && i < size; i++) {
-        PyObject *value = PyTuple_GET_ITEM(column, i), *shared = value;
+        PyObject *value = PyTuple_GetItem(column, i), *shared = value;
         if (PyUnicode_CheckExact(value) || PyTuple_CheckExact(value)) {
             int r = 0;
             while (r < RECENT && met[r] != value) r++;
             if (r < RECENT) {
                 shared = stands_for[r];
             } else {
-                shared = PyDict_SetDefault(canonical, value, value); /* borrowed: the dict holds it */
-                if (shared == NULL) { /* unhashable: it stays as it is */
-                    PyErr_Clear();
-                    shared = value;
+                /* canonical.setdefault(value, value) (PyDict_SetDefault is not in the stable ABI); borrowed:
+                 * the dict holds it */
+                shared = PyDict_GetItemWithError(canonical, value);
+                if (shared == NULL && (PyErr_Occurred() || PyDict_SetItem(canonical, value, value) < 0)) {
+                    PyErr_Clear(); /* unhashable: it stays as it is */
                 }
+                if (shared == NULL) shared = value;
                 met[next] = value; /* borrowed: the column holds it */
                 stands_for[next] = shared;
                 next = (next + 1) % RECENT;
             }
         }
-        PyTuple_SET_ITEM(out, i, Py_NewRef(shared));
+        PyTuple_SetItem(out, i, Py_NewRef(shared));
     }
     return out;
 }
@@ -397,13 +523,13 @@ static PyObject *canonical_column(PyObject *module, PyObject *const *args, Py_ss
 
 /* Indices of Entry's fields, checked against the entries: every entry must be a tuple this long. */
 static int read_indices(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t count, Py_ssize_t *needed) {
-    if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != count) {
+    if (!PyTuple_CheckExact(tuple) || LENGTH(tuple) != count) {
         PyErr_SetString(PyExc_TypeError, "bad tuple of entry field indices");
         return -1;
     }
     *needed = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        indices[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(tuple, i));
+        indices[i] = PyLong_AsSsize_t(PyTuple_GetItem(tuple, i));
         if (indices[i] == -1 && PyErr_Occurred()) return -1;
         if (indices[i] < 0) {
             PyErr_SetString(PyExc_ValueError, "negative entry field index");
@@ -415,7 +541,7 @@ static int read_indices(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t count, 
 }
 
 static int is_entry(PyObject *entry, Py_ssize_t needed) {
-    if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= needed) return 1;
+    if (PyTuple_Check(entry) && LENGTH(entry) >= needed) return 1;
     PyErr_SetString(PyExc_TypeError, "not an entry");
     return 0;
 }
@@ -445,20 +571,20 @@ static int widen_span(PyObject *covered, PyObject *key, PyObject *seq) {
         if (span == NULL) return -1;
         Py_INCREF(seq);
         Py_INCREF(seq);
-        PyList_SET_ITEM(span, 0, seq);
-        PyList_SET_ITEM(span, 1, seq);
+        PyList_SetItem(span, 0, seq);
+        PyList_SetItem(span, 1, seq);
         int set = PyDict_SetItem(covered, key, span);
         Py_DECREF(span);
         return set;
     }
-    if (!PyList_CheckExact(span) || PyList_GET_SIZE(span) != 2) {
+    if (!PyList_CheckExact(span) || LENGTH(span) != 2) {
         PyErr_SetString(PyExc_TypeError, "a covered span must be a list of two seqs");
         return -1;
     }
-    int above = PyObject_RichCompareBool(seq, PyList_GET_ITEM(span, 1), Py_GT);
+    int above = PyObject_RichCompareBool(seq, PyList_GetItem(span, 1), Py_GT);
     if (above < 0) return -1;
     if (above) return PyList_SetItem(span, 1, Py_NewRef(seq));
-    int below = PyObject_RichCompareBool(seq, PyList_GET_ITEM(span, 0), Py_LT);
+    int below = PyObject_RichCompareBool(seq, PyList_GetItem(span, 0), Py_LT);
     if (below < 0) return -1;
     return below ? PyList_SetItem(span, 0, Py_NewRef(seq)) : 0;
 }
@@ -482,23 +608,23 @@ static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_
     if (read_indices(args[5], fields, 3, &needed) < 0) return NULL;
     PyObject *p2p = PyList_New(0);
     if (p2p == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
-        PyObject *entry = Py_NewRef(PyList_GET_ITEM(entries, i));
+    for (Py_ssize_t i = 0; i < LENGTH(entries); i++) {
+        PyObject *entry = Py_NewRef(PyList_GetItem(entries, i));
         PyObject *key = NULL, *span_key = NULL;
         int ok = 0;
         if (!is_entry(entry, needed)) goto next;
-        int is_p2p = PyObject_IsTrue(PyTuple_GET_ITEM(entry, fields[1]));
+        int is_p2p = PyObject_IsTrue(PyTuple_GetItem(entry, fields[1]));
         if (is_p2p < 0) goto next;
         if (is_p2p) {
             ok = PyList_Append(p2p, entry) == 0;
             goto next;
         }
-        PyObject *group = PyDict_GetItemWithError(groups_by_name, PyTuple_GET_ITEM(entry, fields[0]));
+        PyObject *group = PyDict_GetItemWithError(groups_by_name, PyTuple_GetItem(entry, fields[0]));
         if (group == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(entry, fields[0]));
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GetItem(entry, fields[0]));
             goto next;
         }
-        PyObject *seq = PyTuple_GET_ITEM(entry, fields[2]);
+        PyObject *seq = PyTuple_GetItem(entry, fields[2]);
         if ((key = PyTuple_Pack(2, group, seq)) == NULL) goto next;
         PyObject *by_rank = get_or_make(collectives, key, new_dict);
         PyObject *list = by_rank == NULL ? NULL : get_or_make(by_rank, rank, PyList_New);
@@ -536,20 +662,21 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t position = 0, pending = 0, count = 0;
     PyObject *rank, *entries, *first_time = NULL, *reference = NULL;
     int alike = 1;
-    if (PyDict_GET_SIZE(by_rank) == 0) Py_RETURN_NONE;
-    PyObject *created_ns = PyList_New(PyDict_GET_SIZE(by_rank)), *states = PyList_New(PyDict_GET_SIZE(by_rank));
+    if (PyDict_Size(by_rank) == 0) Py_RETURN_NONE;
+    PyObject *created_ns = PyList_New(PyDict_Size(by_rank)), *states = PyList_New(PyDict_Size(by_rank));
     if (created_ns == NULL || states == NULL) goto error;
     /* Nothing here runs Python code that could change the dict: entries hold plain values. */
     while (PyDict_Next(by_rank, &position, &rank, &entries)) {
-        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) {
+        if (!PyList_CheckExact(entries) || LENGTH(entries) != 1) {
             Py_DECREF(created_ns);
             Py_DECREF(states);
             Py_RETURN_NONE;
         }
-        PyObject *head = PyList_GET_ITEM(entries, 0);
+        PyObject *head = PyList_GetItem(entries, 0);
         if (!is_entry(head, needed)) goto error;
-        PyObject *created = PyTuple_GET_ITEM(head, fields[0]);
-        PyList_SET_ITEM(created_ns, count, Py_NewRef(created));
+        PyObject *created = PyTuple_GetItem(head, fields[0]);
+        /* IndexError where the dict grew while it was read (checked below too) */
+        if (PyList_SetItem(created_ns, count, Py_NewRef(created)) < 0) goto error;
         if (first_time == NULL) {
             first_time = created;
         } else {
@@ -561,28 +688,28 @@ static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nar
             reference = head;
         } else if (alike) {
             for (int i = 1; i < 4 && alike; i++) {
-                int differs = PyObject_RichCompareBool(PyTuple_GET_ITEM(head, fields[i]),
-                                                       PyTuple_GET_ITEM(reference, fields[i]), Py_NE);
+                int differs = PyObject_RichCompareBool(PyTuple_GetItem(head, fields[i]),
+                                                       PyTuple_GetItem(reference, fields[i]), Py_NE);
                 if (differs < 0) goto error;
                 if (differs) alike = 0;
             }
         }
-        PyObject *last = PyTuple_GET_ITEM(head, fields[6]);
+        PyObject *last = PyTuple_GetItem(head, fields[6]);
         if (last == Py_None) last = head;
         else if (!is_entry(last, needed)) goto error;
-        PyObject *state = PyTuple_GET_ITEM(last, fields[4]);
-        PyList_SET_ITEM(states, count++, Py_NewRef(state));
+        PyObject *state = PyTuple_GetItem(last, fields[4]);
+        if (PyList_SetItem(states, count++, Py_NewRef(state)) < 0) goto error;
         int done = PyObject_RichCompareBool(state, completed, Py_EQ);
         if (done < 0) goto error;
         if (done) continue;
         /* tracks_completion(last): a backend that records completion, or a state past scheduled */
-        int untracked_backend = PySequence_Contains(untracked, PyTuple_GET_ITEM(last, fields[5]));
+        int untracked_backend = PySequence_Contains(untracked, PyTuple_GetItem(last, fields[5]));
         if (untracked_backend < 0) goto error;
         int is_scheduled = untracked_backend ? PyObject_RichCompareBool(state, scheduled, Py_EQ) : 0;
         if (is_scheduled < 0) goto error;
         if (!untracked_backend || !is_scheduled) pending++;
     }
-    if (count != PyList_GET_SIZE(created_ns)) {
+    if (count != LENGTH(created_ns)) {
         PyErr_SetString(PyExc_RuntimeError, "scan_op: the op's entries changed while it was scanned");
         goto error;
     }
@@ -612,25 +739,13 @@ static int int_field(PyObject *value, long long *out) {
     return 1;
 }
 
-/* A Slice (a tuple subclass) of six items, as tuple.__new__(Slice, items) makes it. Steals the refs. */
-static PyObject *new_slice(PyTypeObject *type, PyObject *start, PyObject *end, PyObject *look, PyObject *head,
+/* A Slice (a tuple subclass) of six items, as tuple.__new__(Slice, items) makes it. Steals the refs
+ * (start, end or flows NULL: an error is set). */
+static PyObject *new_slice(const Maker *maker, PyObject *start, PyObject *end, PyObject *look, PyObject *head,
                            PyObject *last, PyObject *flows) {
-    PyObject *made = start && end && flows ? type->tp_alloc(type, 6) : NULL;
-    if (made == NULL) {
-        Py_XDECREF(start);
-        Py_XDECREF(end);
-        Py_XDECREF(flows);
-        Py_DECREF(look);
-        Py_DECREF(head);
-        Py_DECREF(last);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(made, 0, start);
-    PyTuple_SET_ITEM(made, 1, end);
-    PyTuple_SET_ITEM(made, 2, look);
-    PyTuple_SET_ITEM(made, 3, head);
-    PyTuple_SET_ITEM(made, 4, last);
-    PyTuple_SET_ITEM(made, 5, flows);
+    PyObject *items[6] = {start, end, look, head, last, flows};
+    PyObject *made = start && end && flows ? make(maker, items, 6) : NULL;
+    for (int i = 0; i < 6; i++) Py_XDECREF(items[i]);
     return made;
 }
 
@@ -669,8 +784,14 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         PyErr_SetString(PyExc_TypeError, "lay_out_collectives: the rank's roles must be a set of op keys");
         return NULL;
     }
+    if (!PyType_IsSubtype(slice_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "lay_out_collectives: Slice must be a tuple subclass");
+        return NULL;
+    }
+    Maker slice_maker;
+    maker_for(&slice_maker, slice_type);
     Py_ssize_t fields[6], looked[MAX_LOOK_FIELDS], needed, look_needed;
-    Py_ssize_t look_count = PyTuple_GET_SIZE(look_fields);
+    Py_ssize_t look_count = LENGTH(look_fields);
     if (read_indices(entry_fields, fields, 6, &needed) < 0) return NULL;
     if (look_count > MAX_LOOK_FIELDS || read_indices(look_fields, looked, look_count, &look_needed) < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "too many look fields");
@@ -679,22 +800,24 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
     if (look_needed > needed) needed = look_needed;
     const Py_ssize_t created_at = fields[0], started_at = fields[1], completed_at = fields[2], closed_at = fields[3];
     const Py_ssize_t thread_id_at = fields[4], thread_name_at = fields[5];
-    Py_ssize_t count = PyList_GET_SIZE(items);
+    Py_ssize_t count = LENGTH(items);
     for (; position < count; position++) {
-        PyObject *item = PyList_GET_ITEM(items, position);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) break;
-        PyObject *op = PyTuple_GET_ITEM(item, 0), *entries = PyTuple_GET_ITEM(item, 1);
-        if (!PyList_CheckExact(entries) || PyList_GET_SIZE(entries) != 1) break;
-        PyObject *entry = PyList_GET_ITEM(entries, 0);
-        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < needed) break;
+        PyObject *item = PyList_GetItem(items, position);
+        if (!PyTuple_CheckExact(item) || LENGTH(item) != 2) break;
+        PyObject *op = PyTuple_GetItem(item, 0), *entries = PyTuple_GetItem(item, 1);
+        if (!PyList_CheckExact(entries) || LENGTH(entries) != 1) break;
+        PyObject *entry = PyList_GetItem(entries, 0);
+        if (!PyTuple_Check(entry) || LENGTH(entry) < needed) break;
         long long created, started = 0, completed;
-        PyObject *started_value = PyTuple_GET_ITEM(entry, started_at);
-        if (PyTuple_GET_ITEM(entry, closed_at) != Py_None || !int_field(PyTuple_GET_ITEM(entry, created_at), &created) ||
-            !int_field(PyTuple_GET_ITEM(entry, completed_at), &completed) || completed == 0 ||
+        PyObject *started_value = PyTuple_GetItem(entry, started_at);
+        PyObject *created_value = PyTuple_GetItem(entry, created_at);
+        PyObject *completed_value = PyTuple_GetItem(entry, completed_at);
+        if (PyTuple_GetItem(entry, closed_at) != Py_None || !int_field(created_value, &created) ||
+            !int_field(completed_value, &completed) || completed == 0 ||
             (started_value != Py_None && !int_field(started_value, &started)))
             break;
-        if (!same(PyTuple_GET_ITEM(entry, thread_id_at), thread_id) ||
-            !same(PyTuple_GET_ITEM(entry, thread_name_at), thread_name))
+        if (!same(PyTuple_GetItem(entry, thread_id_at), thread_id) ||
+            !same(PyTuple_GetItem(entry, thread_name_at), thread_name))
             break;
         /* last_looks holds collectives only: a look found there says the op is one */
         PyObject *op_key = PyObject_GetAttr(op, str_op_key);
@@ -702,21 +825,21 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         long long key;
         PyObject *look = NULL, *enqueue_look = NULL, *reference = NULL;
         int fast = int_field(op_key, &key);
-        if (fast && PySet_GET_SIZE(roles) > 0) { /* a role of this rank in the op: its look is Python's */
+        if (fast && PySet_Size(roles) > 0) { /* a role of this rank in the op: its look is Python's */
             fast = PySet_Contains(roles, op_key) == 0;
             PyErr_Clear();
         }
         /* the first rank to meet an op has its looks made (``prepare``), once, and tries again */
         for (int attempt = 0; fast; attempt++) {
             PyObject *cached = PyDict_GetItemWithError(last_looks, op_key);
-            int found = cached != NULL && PyTuple_CheckExact(cached) && PyTuple_GET_SIZE(cached) == 2;
+            int found = cached != NULL && PyTuple_CheckExact(cached) && LENGTH(cached) == 2;
             if (found) {
-                PyObject *before = PyTuple_GET_ITEM(cached, 0);
-                found = PyTuple_Check(before) && PyTuple_GET_SIZE(before) >= needed &&
-                        (PyTuple_GET_ITEM(before, started_at) == Py_None) == (started_value == Py_None);
+                PyObject *before = PyTuple_GetItem(cached, 0);
+                found = PyTuple_Check(before) && LENGTH(before) >= needed &&
+                        (PyTuple_GetItem(before, started_at) == Py_None) == (started_value == Py_None);
                 for (Py_ssize_t i = 0; found && before != entry && i < look_count; i++)
-                    found = same(PyTuple_GET_ITEM(before, looked[i]), PyTuple_GET_ITEM(entry, looked[i]));
-                look = PyTuple_GET_ITEM(cached, 1);
+                    found = same(PyTuple_GetItem(before, looked[i]), PyTuple_GetItem(entry, looked[i]));
+                look = PyTuple_GetItem(cached, 1);
             }
             if (found) found = (enqueue_look = PyDict_GetItemWithError(enqueue_looks, op_key)) != NULL;
             /* when its members enqueued it (None: it has one member, and no lateness) */
@@ -747,23 +870,18 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         long long done = completed - offset;
         long long end = done > start ? done : start + 1;
         free_at = end;
-        PyObject *flow = PyLong_FromLongLong(launch_base + key), *flows = flow ? PyTuple_New(1) : NULL;
-        if (flows == NULL) {
-            Py_XDECREF(flow);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(flows, 0, flow);
+        PyObject *flow = PyLong_FromLongLong(launch_base + key), *flows = flow ? PyTuple_Pack(1, flow) : NULL;
+        Py_XDECREF(flow);
+        if (flows == NULL) return NULL;
         Py_INCREF(flows); /* one reference for each of the two slices */
         /* times the entry holds already (the rank's clock is the common one) are shared, not made anew */
-        PyObject *created_value = PyTuple_GET_ITEM(entry, created_at);
-        PyObject *completed_value = PyTuple_GET_ITEM(entry, completed_at);
         PyObject *ran = new_slice(
-            slice_type,
+            &slice_maker,
             offset == 0 && start == started && started_value != Py_None ? Py_NewRef(started_value)
             : offset == 0 && start == created ? Py_NewRef(created_value) : PyLong_FromLongLong(start),
             offset == 0 && end == completed ? Py_NewRef(completed_value) : PyLong_FromLongLong(end),
             Py_NewRef(look), Py_NewRef(entry), Py_NewRef(entry), flows);
-        PyObject *enqueued = new_slice(slice_type,
+        PyObject *enqueued = new_slice(&slice_maker,
                                        offset == 0 ? Py_NewRef(created_value) : PyLong_FromLongLong(created_here),
                                        Py_NewRef(Py_None), Py_NewRef(enqueue_look), Py_NewRef(Py_None),
                                        Py_NewRef(Py_None), flows);
@@ -801,14 +919,14 @@ PyDoc_STRVAR(by_group_doc,
 /* When a rank enqueued its part in an op: its first entry's creation time, or the op's first_time_ns where
  * it has no entry. New reference; NULL with an error set. */
 static PyObject *created_of(PyObject *item, Py_ssize_t created_at) {
-    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 || !PyList_Check(PyTuple_GET_ITEM(item, 1))) {
+    if (!PyTuple_CheckExact(item) || LENGTH(item) != 2 || !PyList_Check(PyTuple_GetItem(item, 1))) {
         PyErr_SetString(PyExc_TypeError, "by_group: items must be (op, entries) tuples");
         return NULL;
     }
-    PyObject *entries = PyTuple_GET_ITEM(item, 1);
-    if (!PyList_GET_SIZE(entries)) return PyObject_GetAttr(PyTuple_GET_ITEM(item, 0), str_first_time_ns);
-    PyObject *entry = PyList_GET_ITEM(entries, 0);
-    return is_entry(entry, created_at + 1) ? Py_NewRef(PyTuple_GET_ITEM(entry, created_at)) : NULL;
+    PyObject *entries = PyTuple_GetItem(item, 1);
+    if (!LENGTH(entries)) return PyObject_GetAttr(PyTuple_GetItem(item, 0), str_first_time_ns);
+    PyObject *entry = PyList_GetItem(entries, 0);
+    return is_entry(entry, created_at + 1) ? Py_NewRef(PyTuple_GetItem(entry, created_at)) : NULL;
 }
 
 /* What by_group remembers of a group it met (held): its list (borrowed from the dict) and when the rank
@@ -835,13 +953,13 @@ static PyObject *by_group(PyObject *module, PyObject *const *args, Py_ssize_t na
     int seen_count = 0;
     PyObject *groups = PyDict_New(), *unordered = PySet_New(NULL), *result = NULL;
     if (groups == NULL || unordered == NULL) goto done;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
+    for (Py_ssize_t i = 0; i < LENGTH(items); i++) {
+        PyObject *item = PyList_GetItem(items, i);
         PyObject *created = created_of(item, created_at);
         if (created == NULL) goto done;
         long long created_value = 0;
         int small = int_field(created, &created_value);
-        PyObject *group = PyObject_GetAttr(PyTuple_GET_ITEM(item, 0), str_group);
+        PyObject *group = PyObject_GetAttr(PyTuple_GetItem(item, 0), str_group);
         if (group == NULL) {
             Py_DECREF(created);
             goto done;
@@ -872,10 +990,10 @@ static PyObject *by_group(PyObject *module, PyObject *const *args, Py_ssize_t na
             Py_CLEAR(slot->created_object);
             /* the list is met for the first time, or again after its slot was taken: what came before
              * in it says when the rank enqueued its last item */
-            Py_XSETREF(slot->group, Py_NewRef(group)); /* held: no other object takes its address */
+            REPLACE_REF(slot->group, Py_NewRef(group)); /* held: no other object takes its address */
             slot->list = list;
-            if (PyList_GET_SIZE(list) > 0) {
-                slot->created_object = created_of(PyList_GET_ITEM(list, PyList_GET_SIZE(list) - 1), created_at);
+            if (LENGTH(list) > 0) {
+                slot->created_object = created_of(PyList_GetItem(list, LENGTH(list) - 1), created_at);
                 if (slot->created_object == NULL) {
                     Py_DECREF(group);
                     Py_DECREF(created);
@@ -887,7 +1005,7 @@ static PyObject *by_group(PyObject *module, PyObject *const *args, Py_ssize_t na
         Py_DECREF(group);
         /* was the group's previous item enqueued later than this one? */
         int earlier = 0;
-        if (PyList_GET_SIZE(known->list) > 0) {
+        if (LENGTH(known->list) > 0) {
             if (known->created_object == NULL && small)
                 earlier = created_value < known->created;
             else {
@@ -952,8 +1070,8 @@ static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     PyObject *index = PyDict_New();
     if (index == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
-        PyObject *op = PyList_GET_ITEM(ops, i);
+    for (Py_ssize_t i = 0; i < LENGTH(ops); i++) {
+        PyObject *op = PyList_GetItem(ops, i);
         PyObject *entries = PyObject_GetAttr(op, str_entries), *missing = NULL, *none = NULL;
         int failed = entries == NULL || !PyDict_CheckExact(entries);
         if (!failed) {
@@ -965,9 +1083,9 @@ static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t
         if (!failed) {
             missing = PyObject_GetAttr(op, str_missing);
             failed = missing == NULL || !PyTuple_CheckExact(missing);
-            for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(missing); k++) {
+            for (Py_ssize_t k = 0; !failed && k < LENGTH(missing); k++) {
                 failed = (none = PyList_New(0)) == NULL ||
-                         index_append(index, PyTuple_GET_ITEM(missing, k), op, none) < 0;
+                         index_append(index, PyTuple_GetItem(missing, k), op, none) < 0;
                 Py_CLEAR(none);
             }
         }
@@ -1012,7 +1130,19 @@ static int buffer_put(Buffer *buffer, const char *bytes, Py_ssize_t size) {
 }
 
 static int buffer_put_bytes(Buffer *buffer, PyObject *bytes) {
-    return buffer_put(buffer, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
+    char *data;
+    Py_ssize_t size;
+    if (PyBytes_AsStringAndSize(bytes, &data, &size) < 0) return -1;
+    return buffer_put(buffer, data, size);
+}
+
+/* A double as the eight bytes of a protobuf ``double`` (IEEE 754, little-endian), as struct.pack("<d")
+ * writes it. PyFloat_Pack8 is not in the stable ABI; every platform CPython runs on stores doubles in
+ * IEEE 754, in the byte order of its 64-bit integers. */
+static void pack_double(double value, unsigned char *out) {
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    for (int b = 0; b < 8; b++) out[b] = (unsigned char)(bits >> (8 * b));
 }
 
 static int buffer_put_varint(Buffer *buffer, unsigned long long value) {
@@ -1063,12 +1193,31 @@ static PyObject *bytes_in(PyObject *table, PyObject *key) {
 
 static PyObject *str_end, *str_encoded, *str_timed;
 
+/* Bytes given once for a whole call (the writer's tags and heads), where they lie: read once, not through
+ * a call for each slice (the stable ABI has no macro that reads a bytes object). The context tuple holds
+ * them while encode_slices runs. */
+typedef struct {
+    const char *data;
+    Py_ssize_t size;
+} Chunk;
+
+static int chunk_of(PyObject *bytes, Chunk *chunk) {
+    char *data;
+    if (PyBytes_AsStringAndSize(bytes, &data, &chunk->size) < 0) return -1;
+    chunk->data = data;
+    return 0;
+}
+
+static int buffer_put_chunk(Buffer *buffer, const Chunk *chunk) { return buffer_put(buffer, chunk->data, chunk->size); }
+
 /* The writer's state, unpacked from the context tuple (see PerfettoWriter._fast_context). */
 typedef struct {
-    PyObject *token, *packet_head, *begin, *instant, *end_event, *new_interned;
+    PyObject *token, *new_interned;
+    Chunk packet_head, begin, instant, end_event;
     PyObject *op_ids, *record_ids, *threads;
-    PyObject *created_head, *started_head, *completed_head, *duration_head;
-    PyObject *packet_tag, *event_tag, *flow_tag, *interned_tag, *encode_look;
+    Chunk created_head, started_head, completed_head, duration_head;
+    Chunk packet_tag, event_tag, flow_tag, interned_tag;
+    PyObject *encode_look;
     PyObject *last_thread_name, *last_thread_id, *last_thread; /* the last thread met, and its bytes (borrowed) */
     Py_ssize_t launches; /* flows of the slices written that stand for an entry (a launch's other end) */
     Py_ssize_t op_id, record_id, created, started, completed, duration, thread_name, thread_id;
@@ -1076,18 +1225,25 @@ typedef struct {
 } Context;
 
 static int read_context(PyObject *tuple, Context *context) {
-    PyObject *heads, *fields;
-    if (!PyArg_ParseTuple(tuple, "OSSSSO!O!O!O!O!SSSSOO!;encode_slices: bad context", &context->token,
-                          &context->packet_head, &context->begin, &context->instant, &context->end_event,
-                          &PyList_Type, &context->new_interned, &PyDict_Type, &context->op_ids, &PyDict_Type,
-                          &context->record_ids, &PyDict_Type, &context->threads, &PyTuple_Type, &heads,
-                          &context->packet_tag, &context->event_tag, &context->flow_tag, &context->interned_tag,
+    PyObject *heads, *fields, *packet_head, *begin, *instant, *end_event, *packet_tag, *event_tag, *flow_tag;
+    PyObject *interned_tag, *created_head, *started_head, *completed_head, *duration_head;
+    if (!PyArg_ParseTuple(tuple, "OSSSSO!O!O!O!O!SSSSOO!;encode_slices: bad context", &context->token, &packet_head,
+                          &begin, &instant, &end_event, &PyList_Type, &context->new_interned, &PyDict_Type,
+                          &context->op_ids, &PyDict_Type, &context->record_ids, &PyDict_Type, &context->threads,
+                          &PyTuple_Type, &heads, &packet_tag, &event_tag, &flow_tag, &interned_tag,
                           &context->encode_look, &PyTuple_Type, &fields))
         return -1;
     context->last_thread_name = context->last_thread_id = context->last_thread = NULL;
     context->launches = 0;
-    if (!PyArg_ParseTuple(heads, "SSSS;encode_slices: bad fact heads", &context->created_head,
-                          &context->started_head, &context->completed_head, &context->duration_head))
+    if (!PyArg_ParseTuple(heads, "SSSS;encode_slices: bad fact heads", &created_head, &started_head, &completed_head,
+                          &duration_head))
+        return -1;
+    if (chunk_of(packet_head, &context->packet_head) < 0 || chunk_of(begin, &context->begin) < 0 ||
+        chunk_of(instant, &context->instant) < 0 || chunk_of(end_event, &context->end_event) < 0 ||
+        chunk_of(packet_tag, &context->packet_tag) < 0 || chunk_of(event_tag, &context->event_tag) < 0 ||
+        chunk_of(flow_tag, &context->flow_tag) < 0 || chunk_of(interned_tag, &context->interned_tag) < 0 ||
+        chunk_of(created_head, &context->created_head) < 0 || chunk_of(started_head, &context->started_head) < 0 ||
+        chunk_of(completed_head, &context->completed_head) < 0 || chunk_of(duration_head, &context->duration_head) < 0)
         return -1;
     Py_ssize_t indices[8];
     if (read_indices(fields, indices, 8, &context->entry_size) < 0) return -1;
@@ -1105,30 +1261,30 @@ static int read_context(PyObject *tuple, Context *context) {
 /* A rank's ids and times (PerfettoWriter._facts), when every piece is already known. 1: done; 0: not
  * on the fast path; -1: error. */
 static int put_facts(Buffer *event, Context *context, PyObject *head, PyObject *last, int timed) {
-    if (!PyTuple_Check(head) || !PyTuple_Check(last) || PyTuple_GET_SIZE(head) < context->entry_size ||
-        PyTuple_GET_SIZE(last) < context->entry_size)
+    if (!PyTuple_Check(head) || !PyTuple_Check(last) || LENGTH(head) < context->entry_size ||
+        LENGTH(last) < context->entry_size)
         return 0;
-    PyObject *op_id = bytes_in(context->op_ids, PyTuple_GET_ITEM(head, context->op_id));
-    PyObject *record_id = bytes_in(context->record_ids, PyTuple_GET_ITEM(head, context->record_id));
+    PyObject *op_id = bytes_in(context->op_ids, PyTuple_GetItem(head, context->op_id));
+    PyObject *record_id = bytes_in(context->record_ids, PyTuple_GetItem(head, context->record_id));
     unsigned long long created, started = 0, completed = 0;
-    if (op_id == NULL || record_id == NULL || as_long_time(PyTuple_GET_ITEM(head, context->created), &created) < 0)
+    if (op_id == NULL || record_id == NULL || as_long_time(PyTuple_GetItem(head, context->created), &created) < 0)
         return 0;
     double duration = 0;
     if (timed) {
-        PyObject *duration_value = PyTuple_GET_ITEM(last, context->duration);
-        if (as_long_time(PyTuple_GET_ITEM(last, context->started), &started) < 0 ||
-            as_long_time(PyTuple_GET_ITEM(last, context->completed), &completed) < 0 ||
+        PyObject *duration_value = PyTuple_GetItem(last, context->duration);
+        if (as_long_time(PyTuple_GetItem(last, context->started), &started) < 0 ||
+            as_long_time(PyTuple_GetItem(last, context->completed), &completed) < 0 ||
             !PyFloat_CheckExact(duration_value))
             return 0;
-        duration = PyFloat_AS_DOUBLE(duration_value);
+        duration = PyFloat_AsDouble(duration_value);
     }
-    PyObject *thread_name = PyTuple_GET_ITEM(head, context->thread_name);
-    PyObject *thread_id = PyTuple_GET_ITEM(head, context->thread_id);
+    PyObject *thread_name = PyTuple_GetItem(head, context->thread_name);
+    PyObject *thread_id = PyTuple_GetItem(head, context->thread_id);
     PyObject *thread = NULL;
     if (!PyUnicode_CheckExact(thread_name) || !PyUnicode_CheckExact(thread_id)) return 0;
     if (thread_name == context->last_thread_name && thread_id == context->last_thread_id) {
         thread = context->last_thread;  /* a rank's entries share their thread's strings */
-    } else if (PyUnicode_GET_LENGTH(thread_name) || PyUnicode_GET_LENGTH(thread_id)) {
+    } else if (PyUnicode_GetLength(thread_name) || PyUnicode_GetLength(thread_id)) {
         PyObject *key = PyTuple_Pack(2, thread_name, thread_id);
         if (key == NULL) return -1;
         thread = bytes_in(context->threads, key);
@@ -1137,37 +1293,30 @@ static int put_facts(Buffer *event, Context *context, PyObject *head, PyObject *
         context->last_thread_name = thread_name, context->last_thread_id = thread_id, context->last_thread = thread;
     }
     if (buffer_put_bytes(event, op_id) < 0 || buffer_put_bytes(event, record_id) < 0 ||
-        buffer_put_bytes(event, context->created_head) < 0 || buffer_put_varint(event, created) < 0)
+        buffer_put_chunk(event, &context->created_head) < 0 || buffer_put_varint(event, created) < 0)
         return -1;
     if (timed) {
         unsigned char little[8];
-#if PY_VERSION_HEX >= 0x030B0000
-        if (PyFloat_Pack8(duration, (char *)little, 1) < 0) return -1;
-#else
-        if (_PyFloat_Pack8(duration, little, 1) < 0) return -1;
-#endif
-        if (buffer_put_bytes(event, context->started_head) < 0 || buffer_put_varint(event, started) < 0 ||
-            buffer_put_bytes(event, context->completed_head) < 0 || buffer_put_varint(event, completed) < 0 ||
-            buffer_put_bytes(event, context->duration_head) < 0 || buffer_put(event, (char *)little, 8) < 0)
+        pack_double(duration, little);
+        if (buffer_put_chunk(event, &context->started_head) < 0 || buffer_put_varint(event, started) < 0 ||
+            buffer_put_chunk(event, &context->completed_head) < 0 || buffer_put_varint(event, completed) < 0 ||
+            buffer_put_chunk(event, &context->duration_head) < 0 || buffer_put(event, (char *)little, 8) < 0)
             return -1;
     }
     if (thread != NULL && buffer_put_bytes(event, thread) < 0) return -1;
     return 1;
 }
 
-/* A slice's own flows (Slice.flows: a tuple of ints) after its event: -1 error, 0 not on the fast path. */
+/* A slice's own flows (Slice.flows: a tuple of ints) after its event: -1 error, 0 not on the fast path (the
+ * event, partly written, is then dropped: put_slice writes nothing of it). */
 static int put_flows(Buffer *event, Context *context, PyObject *flows) {
     if (!PyTuple_CheckExact(flows)) return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(flows); i++) {
-        unsigned long long flow;
-        if (as_u64(PyTuple_GET_ITEM(flows, i), &flow) < 0) return 0;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(flows); i++) {
+    for (Py_ssize_t i = 0; i < LENGTH(flows); i++) {
         unsigned long long flow;
         unsigned char little[8];
-        as_u64(PyTuple_GET_ITEM(flows, i), &flow);
+        if (as_u64(PyTuple_GetItem(flows, i), &flow) < 0) return 0;
         for (int b = 0; b < 8; b++) little[b] = (unsigned char)(flow >> (8 * b));
-        if (buffer_put_bytes(event, context->flow_tag) < 0 || buffer_put(event, (char *)little, 8) < 0) return -1;
+        if (buffer_put_chunk(event, &context->flow_tag) < 0 || buffer_put(event, (char *)little, 8) < 0) return -1;
     }
     return 1;
 }
@@ -1177,10 +1326,10 @@ static int put_flows(Buffer *event, Context *context, PyObject *flows) {
  * packet. 1: a slice; 2: an instant; 0: not on the fast path (nothing written); -1: error. */
 static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *item) {
     /* a Slice is a tuple: (start, end, look, head, last, flows) */
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) return 0;
-    PyObject *start_value = PyTuple_GET_ITEM(item, 0), *end_value = PyTuple_GET_ITEM(item, 1);
-    PyObject *look = PyTuple_GET_ITEM(item, 2), *head = PyTuple_GET_ITEM(item, 3), *last = PyTuple_GET_ITEM(item, 4);
-    PyObject *flows = PyTuple_GET_ITEM(item, 5);
+    if (!PyTuple_Check(item) || LENGTH(item) != 6) return 0;
+    PyObject *start_value = PyTuple_GetItem(item, 0), *end_value = PyTuple_GetItem(item, 1);
+    PyObject *look = PyTuple_GetItem(item, 2), *head = PyTuple_GetItem(item, 3), *last = PyTuple_GetItem(item, 4);
+    PyObject *flows = PyTuple_GetItem(item, 5);
     unsigned long long start, end = 0;
     int instant = end_value == Py_None;
     event->len = 0;
@@ -1188,9 +1337,9 @@ static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *ite
     if (instant && (head != Py_None || last != Py_None)) return 0; /* an instant with facts: Python's */
     PyObject *encoded = PyObject_GetAttr(look, str_encoded);
     if (encoded == NULL) return -1;
-    if (!PyTuple_CheckExact(encoded) || PyTuple_GET_SIZE(encoded) != 2 || PyTuple_GET_ITEM(encoded, 0) != context->token) {
+    if (!PyTuple_CheckExact(encoded) || LENGTH(encoded) != 2 || PyTuple_GetItem(encoded, 0) != context->token) {
         Py_DECREF(encoded);
-        if ((encoded = PyObject_CallOneArg(context->encode_look, look)) == NULL) return -1;
+        if ((encoded = PyObject_CallFunctionObjArgs(context->encode_look, look, NULL)) == NULL) return -1;
         if (!PyBytes_CheckExact(encoded)) {
             Py_DECREF(encoded);
             PyErr_SetString(PyExc_TypeError, "encode_slices: a look must encode to bytes");
@@ -1201,10 +1350,11 @@ static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *ite
         if (pair == NULL) return -1;
         encoded = pair;
     }
-    PyObject *chunk = PyTuple_GET_ITEM(encoded, 1);
+    PyObject *chunk = PyTuple_GetItem(encoded, 1);
     int result = 0;
     if (!PyBytes_CheckExact(chunk)) goto done;
-    if (buffer_put_bytes(event, instant ? context->instant : context->begin) < 0 || buffer_put_bytes(event, chunk) < 0)
+    if (buffer_put_chunk(event, instant ? &context->instant : &context->begin) < 0 ||
+        buffer_put_bytes(event, chunk) < 0)
         goto error;
     if (head != Py_None && last != Py_None) {
         PyObject *timed_value = PyObject_GetAttr(look, str_timed);
@@ -1220,42 +1370,43 @@ static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *ite
     if (flowed < 0) goto error;
     if (flowed == 0) goto done;
     /* the names the look's encoding interned, as InternedData in this packet (then cleared) */
-    Py_ssize_t interned_len = 0, pending = PyList_GET_SIZE(context->new_interned);
+    Py_ssize_t interned_len = 0, pending = LENGTH(context->new_interned);
     for (Py_ssize_t i = 0; i < pending; i++) {
-        PyObject *part = PyList_GET_ITEM(context->new_interned, i);
+        PyObject *part = PyList_GetItem(context->new_interned, i);
         if (!PyBytes_CheckExact(part)) goto done;
-        interned_len += PyBytes_GET_SIZE(part);
+        interned_len += PyBytes_Size(part);
     }
-    Py_ssize_t interned_size = pending ? PyBytes_GET_SIZE(context->interned_tag) +
+    Py_ssize_t interned_size = pending ? context->interned_tag.size +
                                              varint_size((unsigned long long)interned_len) + interned_len : 0;
     /* Begin (or instant): Trace.packet { packet head, timestamp, [interned], track_event { event } } */
-    Py_ssize_t packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(start) + interned_size +
-                             PyBytes_GET_SIZE(context->event_tag) + varint_size((unsigned long long)event->len) +
+    Py_ssize_t packet_size = context->packet_head.size + varint_size(start) + interned_size +
+                             context->event_tag.size + varint_size((unsigned long long)event->len) +
                              event->len;
-    if (buffer_put_bytes(out, context->packet_tag) < 0 || buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-        buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, start) < 0)
+    if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
+        buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
+        buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, start) < 0)
         goto error;
     if (pending) {
-        if (buffer_put_bytes(out, context->interned_tag) < 0 ||
+        if (buffer_put_chunk(out, &context->interned_tag) < 0 ||
             buffer_put_varint(out, (unsigned long long)interned_len) < 0)
             goto error;
         for (Py_ssize_t i = 0; i < pending; i++)
-            if (buffer_put_bytes(out, PyList_GET_ITEM(context->new_interned, i)) < 0) goto error;
+            if (buffer_put_bytes(out, PyList_GetItem(context->new_interned, i)) < 0) goto error;
         if (PyList_SetSlice(context->new_interned, 0, pending, NULL) < 0) goto error;
     }
-    if (buffer_put_bytes(out, context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
+    if (buffer_put_chunk(out, &context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
         buffer_put(out, event->data, event->len) < 0)
         goto error;
     if (!instant) {
         /* End: Trace.packet { packet head, timestamp, end event } */
-        packet_size = PyBytes_GET_SIZE(context->packet_head) + varint_size(end) + PyBytes_GET_SIZE(context->end_event);
-        if (buffer_put_bytes(out, context->packet_tag) < 0 ||
+        packet_size = context->packet_head.size + varint_size(end) + context->end_event.size;
+        if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
             buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-            buffer_put_bytes(out, context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
-            buffer_put_bytes(out, context->end_event) < 0)
+            buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
+            buffer_put_chunk(out, &context->end_event) < 0)
             goto error;
     }
-    if (head != Py_None) context->launches += PyTuple_GET_SIZE(flows);
+    if (head != Py_None) context->launches += LENGTH(flows);
     result = instant ? 2 : 1;
     goto done;
 error:
@@ -1289,7 +1440,7 @@ static PyObject *encode_slices(PyObject *module, PyObject *const *args, Py_ssize
         int done = put_slice(&out, &event, &context, item);
         if (done == 0) {
             PyObject *end = PyObject_GetAttr(item, str_end);
-            PyObject *packets = end == NULL ? NULL : PyObject_CallOneArg(fallback, item);
+            PyObject *packets = end == NULL ? NULL : PyObject_CallFunctionObjArgs(fallback, item, NULL);
             int ok = packets != NULL && PyBytes_Check(packets) && buffer_put_bytes(&out, packets) == 0;
             if (packets != NULL && !PyBytes_Check(packets))
                 PyErr_SetString(PyExc_TypeError, "encode_slices: the fallback must return bytes");
@@ -1379,17 +1530,22 @@ PyDoc_STRVAR(scan_pickle_doc, "scan_pickle(data, max_depth, max_nodes) -> str | 
                               "pickle_shape.scan: why a pickle must not be unpickled, or None.");
 
 static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
     if (!takes("scan_pickle", nargs, 3)) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    /* The reader passes bytes. Another buffer (bytearray, memoryview) is copied to bytes: the stable ABI
+     * of Python 3.10 has no buffer protocol (Py_buffer came to it in 3.11). */
+    PyObject *bytes = PyBytes_Check(args[0]) ? Py_NewRef(args[0]) : PyBytes_FromObject(args[0]);
+    if (bytes == NULL) return NULL;
+    char *text;
+    Py_ssize_t size;
     long max_depth = PyLong_AsLong(args[1]);
     long long max_nodes = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) {
-        PyBuffer_Release(&view);
+    if (PyErr_Occurred() || PyBytes_AsStringAndSize(bytes, &text, &size) < 0) {
+        Py_DECREF(bytes);
         return NULL;
     }
-    const unsigned char *data = view.buf;
-    Py_ssize_t end = view.len, pos = 0, max_memo = view.len;
+    const unsigned char *data = (const unsigned char *)text;
+    Py_ssize_t end = size, pos = 0, max_memo = size;
     ShapeStack stack = {NULL, NULL, NULL, 0, 0};
     Py_ssize_t *marks = NULL, mark_len = 0, mark_cap = 0;
     unsigned char *memo_depth = NULL;
@@ -1399,7 +1555,7 @@ static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t n
     unsigned char *shared = PyMem_Calloc((size_t)end + 2, 1);
     Py_ssize_t made = 0;
     if (shared == NULL) {
-        PyBuffer_Release(&view);
+        Py_DECREF(bytes);
         return PyErr_NoMemory();
     }
     const char *why = "truncated or corrupt pickle";
@@ -1609,7 +1765,7 @@ done:
 #undef OOM
 #undef NEED
 #undef FLOOR
-    PyBuffer_Release(&view);
+    Py_DECREF(bytes);
     PyMem_Free(stack.depth);
     PyMem_Free(stack.nodes);
     PyMem_Free(stack.ident);
@@ -1648,14 +1804,23 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    if ((str_end = PyUnicode_InternFromString("end")) == NULL ||
+    /* The Python this runs on, not the one it was built with (Py_Version is not in the stable ABI of
+     * 3.10). Where it cannot be told, as from 3.14: tuple.__new__ is right on every Python. */
+    PyObject *hexversion = PySys_GetObject("hexversion"); /* borrowed */
+    unsigned long running = hexversion != NULL ? PyLong_AsUnsignedLong(hexversion) : 0;
+    if (running == (unsigned long)-1 && PyErr_Occurred()) PyErr_Clear();
+    hash_cached = hexversion == NULL || running == (unsigned long)-1 || running >= 0x030E0000;
+    if ((tuple_new = (newfunc)PyType_GetSlot(&PyTuple_Type, Py_tp_new)) == NULL ||
+        (str_end = PyUnicode_InternFromString("end")) == NULL ||
         (str_encoded = PyUnicode_InternFromString("encoded")) == NULL ||
         (str_timed = PyUnicode_InternFromString("timed")) == NULL ||
         (str_op_key = PyUnicode_InternFromString("op_key")) == NULL ||
         (str_group = PyUnicode_InternFromString("group")) == NULL ||
         (str_first_time_ns = PyUnicode_InternFromString("first_time_ns")) == NULL ||
         (str_entries = PyUnicode_InternFromString("entries")) == NULL ||
-        (str_missing = PyUnicode_InternFromString("missing")) == NULL)
+        (str_missing = PyUnicode_InternFromString("missing")) == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ImportError, "fr2perfetto._speedups: no tuple.__new__");
         return NULL;
+    }
     return PyModule_Create(&module);
 }

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base.model import Finding as _Finding
 from .base.model import LoadProblem
@@ -38,10 +39,18 @@ from .read.runs import run_argument
 from .render.perfetto import TraceStats
 from .render.report import build_report, report_json
 
-__all__ = ["Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "analyze", "load", "write_trace"]
+if TYPE_CHECKING:  # the watch imports this module: imported where it is called
+    from .live.progress import Status
+
+__all__ = [
+    "Culprit", "Job", "NoDumps", "Report", "ReportFinding", "TraceStats", "analyze", "load", "watch", "write_trace",
+]  # fmt: skip
 
 # What the functions take for a path, or for several: ``load("dumps")`` and ``load(["a", Path("b")])``.
-PathOrPaths = str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...]
+# A list is invariant to type checkers (a ``list[str]`` is no ``list[str | PathLike[str]]``): the usual
+# lists are each named, so that a caller's list of paths type-checks as it runs.
+_Path = str | os.PathLike[str]
+PathOrPaths = _Path | list[str] | list[pathlib.Path] | list[os.PathLike[str]] | list[_Path] | tuple[_Path, ...]
 
 
 class NoDumps(ValueError):
@@ -175,10 +184,10 @@ def load(
     run left out, is in ``Job.problems``; raises ``NoDumps`` when no dump could be read (or ``run``
     names none). ``paths`` and ``logs``: a path (``str`` or ``pathlib.Path``) or a list of them;
     ``TypeError`` for anything else."""
-    paths = _paths(paths, "load()")
-    logs = _paths(logs, "load(logs=...)") if logs is not None else None
-    job = load_job(paths, jobs=jobs, progress=progress, max_dump_bytes=max(1, int(max_dump_mb * 2**20)),
-                   redact=redact, keep_names=keep_names, logs=logs, run=run)  # fmt: skip
+    inputs = _paths(paths, "load()")
+    log_paths = _paths(logs, "load(logs=...)") if logs is not None else None
+    job = load_job(inputs, jobs=jobs, progress=progress, max_dump_bytes=max(1, int(max_dump_mb * 2**20)),
+                   redact=redact, keep_names=keep_names, logs=log_paths, run=run)  # fmt: skip
     if not job.dumps:
         raise NoDumps(job.problems)
     return job
@@ -246,6 +255,52 @@ def write_trace(
                      full=full, ranks=set(ranks) if ranks is not None else None, groups=chosen_groups,
                      window=window)  # fmt: skip
     return _write_trace(analysis, os.fspath(path), view, jobs=jobs), view
+
+
+def watch(
+    target: str | os.PathLike[str] | list[str],
+    *,
+    stall: float = 60.0,
+    on_progress: Callable[[Status], None] | None = None,
+    on_hang: Callable[[Report, str], None] | None = None,
+    every: float = 5.0,
+    timeout: float = 10.0,
+    wait: float = 120.0,
+    out: str | os.PathLike[str] | None = None,
+    keep_going: bool = False,
+) -> Report | None:
+    """Watch a running job until it ends, or hangs: what ``fr2perfetto watch`` does. ``target``: the address
+    of PyTorch's debug server (``http://HOST:25999``, its frontend on rank 0), its workers' addresses (a
+    list, in rank order, or ``RANK=URL``), or a folder its periodic dumps (``dump_dir``) go into. Every
+    rank is asked where it stands every ``every`` seconds (a few requests at once, each within
+    ``timeout``); ``on_progress(status)`` after each round (``status.line()`` is the live line,
+    ``status.events`` what changed: a rank that stopped answering). When no rank has moved for ``stall``
+    seconds, every rank's Flight Recorder and stacks are taken, twice, into ``out`` (default: a new
+    ``fr2perfetto-hang-<time>`` folder here) and analysed as ``analyze`` would: ``on_hang(report,
+    folder)``, and the report is returned (None: no rank's Flight Recorder could be taken). With
+    ``keep_going``, the watch goes on once the job moves again, and returns the last hang's report when
+    the job ends; None when it ended without one. ``ValueError`` (``fr2perfetto.live.WatchError``) for a
+    target that is no debug server, or that never answered within ``wait`` seconds.
+
+    The debug server is meant for trusted networks only (PyTorch's warning); the watch sends it read-only
+    requests, bounded in number, time and size, and runs nothing it answers."""
+    from .live.watcher import Hang, Settings, watch_job
+
+    targets = [os.fspath(t) for t in target] if isinstance(target, list) else [os.fspath(target)]
+    for name, value in (("stall", stall), ("every", every), ("timeout", timeout), ("wait", wait)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+            raise ValueError(f"watch(): {name} is {value!r}, not a number of seconds")
+    settings = Settings(stall=float(stall), every=max(0.2, float(every)), timeout=max(0.1, float(timeout)),
+                        wait=float(wait), out=os.fspath(out) if out is not None else None,
+                        keep_going=keep_going)  # fmt: skip
+
+    def caught(hang: Hang) -> None:
+        if on_hang is not None and hang.report is not None:
+            on_hang(hang.report, hang.folder)
+
+    outcome = watch_job(targets, settings, on_status=on_progress, on_hang=caught)
+    reports = [hang.report for hang in outcome.hangs if hang.report is not None]
+    return reports[-1] if reports else None
 
 
 def _with_run(job: Job, inputs: list[str]) -> list[str]:

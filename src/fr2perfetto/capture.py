@@ -48,7 +48,9 @@ When dumps are written:
   inside a dump is printed in one line and the stop goes on, without a dump; a stop during the dump at
   exit is carried out after that dump, which already says how the rank ended, so none is written again.
 
-Handlers that were installed before are kept and called after the dump.
+Handlers that were installed before are kept and called after the dump. What the helper says goes to the
+``fr2perfetto.capture`` logger (a job silences or routes it by name); where ``configure`` was not called,
+``FR2PERFETTO_DUMP_DIR`` names the dump folder (else the current one).
 
 What it touches, and nothing else:
 
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import secrets
 import select
@@ -83,6 +86,10 @@ from .trigger import PID_PREFIX, PIPE_PREFIX, RankProcess, process_start, rank_f
 
 WARM_UP_SECONDS = 0.5  # while no request comes, a warm-up dump is tried this often until one held entries
 WARM_DUMP_BYTES = 400  # a dump with no entry is smaller than this
+# What it says goes through this logger: a job silences it, or routes it to its own handlers, by name.
+# Dumps are said at WARNING (a rank stopping, or asked for its evidence, is news), failures at ERROR; with
+# no logging set up, Python prints both to stderr, as the helper always has.
+log = logging.getLogger("fr2perfetto.capture")
 RUN_KEY = "fr2perfetto/run"  # where the ranks agree on their run's nonce, in the default group's store
 _state: dict[str, Any] = {"folder": None, "installed": False, "request_signal": None, "run": None, "rank_file": None}
 _lock = threading.Lock()  # one dump at a time: the request thread's and the main thread's
@@ -213,7 +220,8 @@ def _dump(folder: str | None, reason: str, ended: str) -> str | None:
     if "nccl" in str(dist.get_backend()).lower() and hasattr(c10d, "_dump_nccl_trace"):
         data, name = c10d._dump_nccl_trace(), f"nccl_trace_rank_{rank}"
     else:
-        data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"
+        # torch's stubs leave out this private function (the hasattr above speaks for NCCL's)
+        data, name = c10d._dump_fr_trace(), f"gloo_trace_rank_{rank}"  # type: ignore[attr-defined]
     # The request thread and the main thread may dump at once; the other thread's dump ends (it waits for
     # nothing of this thread's), but on a filesystem that hangs the wait is bounded all the same.
     if not _lock.acquire(timeout=LOCK_WAIT_SECONDS):
@@ -231,7 +239,7 @@ def _dump(folder: str | None, reason: str, ended: str) -> str | None:
     finally:
         _lock.release()
     if reason:
-        print(f"fr2perfetto: rank {rank} dumped its Flight Recorder to {path} ({reason})", file=sys.stderr)
+        log.warning("fr2perfetto: rank %d dumped its Flight Recorder to %s (%s)", rank, path, reason)
     return path
 
 
@@ -254,7 +262,7 @@ def _try_dump(reason: str, ended: str = "running") -> None:
     try:
         dump(reason=reason, ended=ended)
     except Exception as error:  # dumping must never hide the original failure
-        print(f"fr2perfetto: could not dump the Flight Recorder: {error}", file=sys.stderr)
+        log.error("fr2perfetto: could not dump the Flight Recorder: %s", error)
 
 
 def install(
@@ -420,7 +428,8 @@ def _warm_up() -> bool:
     try:
         import torch
 
-        return len(torch._C._distributed_c10d._dump_fr_trace()) > WARM_DUMP_BYTES
+        # a private function that torch's stubs leave out, as in _dump
+        return len(torch._C._distributed_c10d._dump_fr_trace()) > WARM_DUMP_BYTES  # type: ignore[attr-defined]
     except Exception:
         return True  # nothing to warm up: do not try again
 
@@ -471,7 +480,7 @@ def _leave_rank_file(signum: int) -> None:
         write_into_folder(_folder(), name, rank_file_text(me).encode())
         _state["rank_file"] = (name, rank_file_text(me))
     except (OSError, ValueError) as error:
-        print(f"fr2perfetto: other ranks cannot wake this one: {error}", file=sys.stderr)
+        log.error("fr2perfetto: other ranks cannot wake this one: %s", error)
 
 
 def _remove_rank_file() -> None:

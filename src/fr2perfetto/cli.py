@@ -15,14 +15,16 @@ import shlex
 import signal
 import socket
 import sys
+import tempfile
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -32,7 +34,7 @@ from .base import cleanup
 from .base.encoding import tolerate_any_encoding
 from .base.gcpause import gc_paused
 from .base.model import Finding, LoadProblem, ranks_label
-from .base.speedups import SPEEDUPS
+from .base.speedups import NOT_BUILT, OFF_BECAUSE, SPEEDUPS, TURNED_OFF
 from .base.text import shown
 from .base.words import count, ranks_text
 from .convert import STDOUT, left_out, refuse_output, refuse_to_open
@@ -86,6 +88,24 @@ def _warning(message: str) -> None:
 EXIT_UNUSABLE = 2  # the exit codes of a verdict: ``verdict.exit_code``
 # What a shell reports for a command ended by SIGPIPE (128 + 13), as `git log | head` ends
 EXIT_READER_LEFT = 141
+# A bug in fr2perfetto (an exception no command expects): EX_SOFTWARE of sysexits.h, "an internal software
+# error". Its own code, so that a script acting on `analyze` never takes a bug for a finding (1) or for
+# input it cannot use (2); 70 is none of the verdict's codes (0-3), nor 128 + a signal.
+EXIT_INTERNAL_ERROR = 70
+ISSUES_URL = "https://github.com/fr2perfetto/fr2perfetto/issues"
+# For tests only: set to 1, every command fails at its start as a bug would (see ``_root``), to check how one ends.
+FORCE_INTERNAL_ERROR = "FR2PERFETTO_FORCE_INTERNAL_ERROR"
+# How every command can end besides its own codes, at the end of each one's --help (README: Exit codes).
+_EVERY_ENDING = (
+    "70 internal error (a bug: one line says where its traceback is saved), 130 interrupted (Ctrl-C), "
+    "128 + N stopped by signal N (143 SIGTERM, 129 SIGHUP), 141 standard output closed early (| head)."
+)
+
+
+def _exit_codes(own: str) -> str:
+    """The paragraph of a command's --help that lists its exit codes: its own, then those of every command."""
+    return f"Exit codes: {own}, {_EVERY_ENDING}"
+
 
 # Set by ``main``, which ends the process with os._exit: what the commands read stays here rather
 # than being freed object by object when they return (half a second for 256 ranks x 2000 entries).
@@ -250,7 +270,11 @@ def _chosen_groups(text: str | None, job: Job) -> set[str] | None:
 
 @app.command(
     epilog="Examples:\n\n  fr2perfetto convert dumps/ -o crash.pftrace\n\n"
-    "  fr2perfetto convert 'dumps/nccl_trace_rank_*' -o crash.pftrace"
+    "  fr2perfetto convert 'dumps/nccl_trace_rank_*' -o crash.pftrace\n\n"
+    + _exit_codes(
+        "0 trace written (whatever the verdict: analyze exits by it), 2 unusable input, a wrong option, or a "
+        "trace that cannot be written or served (--open)"
+    )
 )
 def convert(
     inputs: Inputs,
@@ -327,6 +351,7 @@ def convert(
         chosen_groups = _chosen_groups(groups, job)
         report = api.analyze(job, inputs=_as_given(inputs, redact, job))
         analysis = report._analysis
+        assert analysis is not None  # analyze() always keeps it: said for type checkers
         _keep_until_exit(job, report)
         try:
             stats, view = api.write_trace(
@@ -408,7 +433,9 @@ def _open(path: str, quiet: bool, port: int = UI_PORT) -> None:
 
 
 @app.command("open", epilog="Examples:\n\n  fr2perfetto open crash.pftrace\n\n"
-             "  fr2perfetto open crash.pftrace --url https://example.org/traces/crash.pftrace")  # fmt: skip
+             "  fr2perfetto open crash.pftrace --url https://example.org/traces/crash.pftrace\n\n"
+             + _exit_codes("0 the UI fetched the trace (with --url: the link printed), 2 no trace there, a wrong "
+                           "option, or the port in use"))  # fmt: skip
 def open_command(
     trace: Annotated[
         Path, typer.Argument(help="A trace written by fr2perfetto convert.", metavar="TRACE", show_default=False)
@@ -511,7 +538,7 @@ def _fitting_table(
     widths = _column_widths(kept, natural, out.width)
     table = Table(title=title, title_justify="left", caption_justify="left")
     for column in kept:
-        justify = "right" if column in RIGHT_ALIGNED else "left"
+        justify: JustifyMethod = "right" if column in RIGHT_ALIGNED else "left"
         table.add_column(column, justify=justify, width=widths[column], overflow="fold")
     for row in rows:
         table.add_row(*(cell for column, cell in zip(columns, row, strict=True) if column in kept))
@@ -521,7 +548,9 @@ def _fitting_table(
     return table
 
 
-@app.command(epilog="Example:\n\n  fr2perfetto info dumps/")
+@app.command(
+    epilog="Example:\n\n  fr2perfetto info dumps/\n\n" + _exit_codes("0 listed, 2 unusable input or a wrong option")
+)
 def info(
     inputs: Inputs,
     jobs: Jobs = 0,
@@ -578,7 +607,7 @@ def info(
     droppable = ("backend", "format", "version", "first op", "host")  # how a rank ended stays: it may be why
     # where even the headers would not fit: the file (or "no dump") says most after the rank and its ending
     out.print(_fitting_table(title, columns, rows, droppable=droppable, then=("entries", "last op", "file")))
-    group_rows = []
+    group_rows: list[list[str | Text]] = []
     for group in job.groups:
         dumped = sum(1 for r in group.members if r in job.dumps)
         group_rows.append(
@@ -608,7 +637,10 @@ def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-@app.command(epilog="Example:\n\n  fr2perfetto trigger /tmp/fr_dumps")
+@app.command(
+    epilog="Example:\n\n  fr2perfetto trigger /tmp/fr_dumps\n\n"
+    + _exit_codes("0 at least one rank asked, 2 no rank to ask there or a wrong option")
+)
 def trigger(
     folder: Annotated[
         Path,
@@ -644,6 +676,166 @@ def trigger(
     asked = len(signalled) + len(written)
     times = f", {rounds} times {every:g} s apart" if rounds > 1 else ""
     out.print(f"Asked {asked} {'rank' if asked == 1 else 'ranks'} to dump into {shown(str(folder))}{times}.")
+
+
+# PyTorch's own warning (torch/distributed/debug/__init__.py, start_debug_server), repeated where it matters.
+_TRUSTED_NETWORKS = (
+    "WARNING (PyTorch's): the debug server is intended to be used only in trusted network environments. It is "
+    "not designed to be secure and should not be exposed to the public internet."
+)
+_WATCH_HELP = (
+    "Watch a running job and name the stuck rank while it still hangs, long before a watchdog fires.\n\n"
+    "Every --every seconds each rank's Flight Recorder is read from PyTorch's debug server "
+    "(torch.distributed.debug.start_debug_server, in the training script after init_process_group), and a live "
+    "line says how many ranks answer, the groups, ops per second, the rank furthest behind and how long since "
+    "the job last moved; a rank that stops answering is said at once. When no rank has moved for --stall "
+    "seconds, every rank's Flight Recorder and stacks are taken twice, a few seconds apart, into --out (in the "
+    "names analyze reads), the verdict is printed as analyze prints it, and the trace is written beside it. "
+    "Only read-only requests, at most 4 at once, each bounded in time and size; nothing an answer says is run.\n\n"
+    + _TRUSTED_NETWORKS
+)
+
+
+@app.command(
+    "watch",
+    help=_WATCH_HELP,
+    epilog="Examples:\n\n  fr2perfetto watch http://node0:25999\n\n"
+    "  fr2perfetto watch http://node0:25999 --stall 120 --json --out /shared/hang\n\n"
+    "  fr2perfetto watch /shared/debug_dumps --keep-going --on-hang 'notify-oncall --report'\n\n"
+    + _exit_codes(
+        "0 the job ended (its servers went away, or every rank's .ended file says exit), 1 a hang caught (its "
+        "verdict printed, its evidence kept), or a rank that ended on an error of its own, 2 not a debug server, "
+        "a job that never started, or a wrong option"
+    ),
+)
+def watch_command(
+    targets: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="TARGET",
+            show_default=False,
+            help="The debug server's address (http://HOST:25999, its frontend on rank 0), or its workers' "
+            "addresses (rank order, or RANK=URL), or a folder it writes its periodic dumps into (dump_dir).",
+        ),
+    ],
+    stall: Annotated[
+        float,
+        typer.Option(
+            "--stall",
+            min=0.5,
+            max=86400.0,
+            metavar="SECONDS",
+            help="Take the evidence once no rank has moved for this long: longer than the job ever goes without "
+            "a collective (a checkpoint, an evaluation).",
+        ),
+    ] = 60.0,
+    every: Annotated[
+        float,
+        typer.Option(
+            "--every",
+            min=0.2,
+            max=3600.0,
+            metavar="SECONDS",
+            help="Ask each rank where it stands this often (a request per rank, at most 4 at once).",
+        ),
+    ] = 5.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            max=600.0,
+            metavar="SECONDS",
+            help="Give each request this long, all of it: a rank slower than that is said not to answer.",
+        ),
+    ] = 10.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            min=0.0,
+            max=86400.0,
+            metavar="SECONDS",
+            help="Wait this long for a job that is not up yet (its debug server, or its folder).",
+        ),
+    ] = 120.0,
+    out_folder: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="FOLDER",
+            show_default=False,
+            help="Where a hang's evidence, report and trace go (default: fr2perfetto-hang-YYYYmmdd-HHMMSS here).",
+        ),
+    ] = None,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", help="After a hang, watch on: the next one once the job moves again.")
+    ] = False,
+    max_answer_mb: Annotated[
+        float,
+        typer.Option("--max-answer", metavar="MB", help="Read at most this much of any answer (a rank's recorder)."),
+    ] = 256,
+    on_hang: Annotated[
+        str | None,
+        typer.Option(
+            "--on-hang",
+            metavar="CMD",
+            show_default=False,
+            help="Run this command on each hang, the report's path appended (split as a shell would, run by none).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a hang's report as JSON (as analyze --json), nothing else.")
+    ] = False,
+    output_format: Annotated[
+        str, typer.Option("--format", metavar="FORMAT", help="The verdict as text, markdown or json (as --json).")
+    ] = "text",
+) -> None:
+    from .live import Hang, Settings, Status, WatchError, watch_job
+    from .live.show import LiveLine, run_hook, show_hang
+
+    if output_format not in ("text", "markdown", "json"):
+        _error(f"--format: {output_format!r} is none of text, markdown, json")
+        raise typer.Exit(EXIT_UNUSABLE)
+    if as_json and output_format not in ("text", "json"):
+        _error(f"--json and --format {output_format} ask for two formats: give one")
+        raise typer.Exit(EXIT_UNUSABLE)
+    output_format = "json" if as_json else output_format
+    command: list[str] = []
+    if on_hang is not None:
+        try:
+            command = shlex.split(on_hang)
+        except ValueError as error:
+            _error(f"--on-hang: {error}")
+            raise typer.Exit(EXIT_UNUSABLE) from None
+        if not command:
+            _error("--on-hang: no command given")
+            raise typer.Exit(EXIT_UNUSABLE)
+    gc.enable()  # a watch runs for days: what it no longer needs is freed as it goes
+    line = LiveLine(err)
+
+    def status(shown_status: Status) -> None:
+        line.show(shown_status)
+
+    def caught(hang: Hang) -> None:
+        line.stop()
+        show_hang(hang, output_format, out, err)
+        if command:
+            run_hook(command, hang, err)
+
+    settings = Settings(stall=stall, every=every, timeout=timeout, wait=wait, keep_going=keep_going,
+                        out=str(out_folder) if out_folder is not None else None,
+                        max_bytes=_megabytes(max_answer_mb, "--max-answer"))  # fmt: skip
+    try:
+        outcome = watch_job(targets, settings, on_status=status, on_event=line.say, on_hang=caught)
+    except WatchError as error:
+        line.stop()
+        _error(str(error))
+        raise typer.Exit(EXIT_UNUSABLE) from None
+    finally:
+        line.stop()
+    (err if output_format != "text" else out).print(Text(shown(outcome.summary)), soft_wrap=True)
+    raise typer.Exit(outcome.code)
 
 
 def _rank_ranges(text: str | None) -> list[tuple[int, int]] | None:
@@ -686,8 +878,10 @@ def _scope(ranks: set[int] | None, groups: set[str] | None) -> str:
 @app.command(
     epilog="Examples:\n\n  fr2perfetto analyze dumps/\n\n  fr2perfetto analyze dumps/ --json > report.json\n\n"
     "  fr2perfetto analyze dumps/ --ranks 4-7 --all\n\n"
-    "Exit codes: 0 healthy, 1 a problem found (hang, mismatch, crash or slow), 2 unusable input, "
-    "3 undecided (what is missing to decide is said)."
+    + _exit_codes(
+        "0 healthy, 1 a problem found (hang, mismatch, crash or slow), 2 unusable input or a wrong option, "
+        "3 undecided (what is missing to decide is said)"
+    )
 )
 def analyze(
     inputs: Inputs,
@@ -784,10 +978,52 @@ def _human_size(size: int) -> str:
 
 
 def _version(value: bool) -> None:
-    if value:
-        speedups = "on" if SPEEDUPS is not None else "off: pure Python"
-        out.print(f"fr2perfetto {__version__} (C speed-ups {speedups})")
+    """The version, whether the C speed-ups are on and, where they are off, why and how to get them."""
+    if not value:
+        return
+    if SPEEDUPS is not None or OFF_BECAUSE == TURNED_OFF:
+        out.print(f"fr2perfetto {__version__} (C speed-ups {'on' if SPEEDUPS is not None else 'off: ' + TURNED_OFF})")
         raise typer.Exit()
+    out.print(f"fr2perfetto {__version__} (C speed-ups off: {shown(OFF_BECAUSE)})")
+    # Not built is by far the usual case; and a wheel that pip built without a compiler stays in its cache,
+    # to be installed again once one is there.
+    how = (
+        "They build at install time where a C compiler and Python's headers are present, unless pip reuses a "
+        "wheel it cached from an install without them. With both present:"
+        if OFF_BECAUSE == NOT_BUILT
+        else "They were built for another Python or system. With a C compiler and Python's headers present, "
+        "build them again:"
+    )
+    out.print(
+        f"Pure Python gives the same results, slower. {how}\n  {_rebuild_command()}",
+        soft_wrap=True,  # the command stays on one line, to copy
+    )
+    raise typer.Exit()
+
+
+def _rebuild_command() -> str:
+    """The pip command that builds fr2perfetto again, from source and into this Python, from where it was
+    installed (PEP 610's direct_url.json: a folder, a VCS, an sdist), else from the package index; never
+    from a wheel in pip's cache. Paths in it are ``shown``: they come from the installed metadata."""
+    import importlib.metadata
+    import json
+
+    command = [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-cache-dir"]
+    source = ["--no-binary", "fr2perfetto", f"fr2perfetto=={__version__}"]
+    with contextlib.suppress(Exception):  # metadata that cannot be read: the index's sdist, as above
+        origin = json.loads(importlib.metadata.distribution("fr2perfetto").read_text("direct_url.json") or "{}")
+        url = str(origin.get("url", ""))
+        if "dir_info" in origin and url.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            folder = unquote(urlparse(url).path)
+            source = ["-e", folder] if origin["dir_info"].get("editable") else [folder]
+        elif "vcs_info" in origin:
+            vcs = origin["vcs_info"]
+            source = [f"{vcs['vcs']}+{url}@{vcs['commit_id']}"]
+        elif url.endswith((".tar.gz", ".zip")):  # an sdist (a wheel from there would be the one built without)
+            source = [url]
+    return shown(shlex.join([*command, *source]))
 
 
 @app.callback()
@@ -797,6 +1033,8 @@ def _root(
     ] = False,
 ) -> None:
     """fr2perfetto: Flight Recorder dumps to Perfetto traces and a verdict."""
+    if os.environ.get(FORCE_INTERNAL_ERROR, "") not in ("", "0"):
+        raise RuntimeError(f"{FORCE_INTERNAL_ERROR} is set: the internal error it asks for, to test how one ends")
 
 
 def _stopped(signum: int, _frame: object) -> None:
@@ -849,13 +1087,53 @@ class _Guarded:
 def _usage_error(error: Exception) -> int:
     """A command-line mistake (an unknown option, a value of the wrong type) in one line; the help
     when no command was given."""
-    message = error.format_message() if hasattr(error, "format_message") else str(error)  # type: ignore[attr-defined]
+    message = error.format_message() if hasattr(error, "format_message") else str(error)
     if type(error).__name__ == "NoArgsIsHelpError":
         sys.stdout.write(message + "\n")
         return EXIT_UNUSABLE
     command = getattr(getattr(error, "ctx", None), "command_path", "fr2perfetto")
     _error(f"{' '.join(message.split())} (see {command} --help)")
     return EXIT_UNUSABLE
+
+
+def _internal_error(error: BaseException) -> int:
+    """A bug: one line on standard error that says where to report it and where its traceback is, never
+    the traceback itself (a person reading a verdict needs one line, the report needs it all)."""
+    if isinstance(error, typer.Abort) and error.__cause__ is not None:
+        error = error.__cause__  # typer's stand-in for an EOFError: the EOFError is the bug
+    try:
+        saved = f"with the traceback saved in {shown(_save_traceback(error))}"
+    except Exception as failed:  # a full or read-only temp folder: the line still says what happened
+        reason = failed.strerror if isinstance(failed, OSError) and failed.strerror else type(failed).__name__
+        saved = f"the traceback could not be saved ({shown(reason)}): set TMPDIR to a writable folder and run it again"
+    err.print(f"fr2perfetto {__version__}: internal error ({shown(type(error).__name__)}): please report it at "
+              f"{ISSUES_URL}, {saved}")  # fmt: skip
+    return EXIT_INTERNAL_ERROR
+
+
+def _save_traceback(error: BaseException) -> str:
+    """Write what a bug report needs (version, Python, platform, command line, traceback) to a new file in
+    the temp folder, and return its path. ``mkstemp`` makes it private (mode 0600: paths and names from
+    the dumps may be in it) and never opens an existing file or a link planted under its name."""
+    import platform
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    handle, path = tempfile.mkstemp(prefix=f"fr2perfetto-crash-{stamp}-", suffix=".txt")
+    speedups = "on" if SPEEDUPS is not None else f"off: {OFF_BECAUSE}"
+    lines = [
+        f"fr2perfetto {__version__}: internal error, {stamp} UTC; please report it at {ISSUES_URL}",
+        "(it may hold paths and names from the dumps: look before sharing it)",
+        "",
+        f"command: {shlex.join(['fr2perfetto', *sys.argv[1:]])}",
+        f"python: {sys.version.split()[0]} ({sys.executable}) on {platform.platform()}",
+        f"C speed-ups: {speedups}",
+        "",
+        *"".join(traceback.format_exception(error)).splitlines(),
+    ]
+    with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as file:
+        # escaped as on a terminal: whoever runs `cat` on it gets no control sequence from an exception's text
+        file.write("\n".join(shown(line) for line in lines) + "\n")
+    return path
 
 
 def main() -> None:
@@ -873,7 +1151,7 @@ def main() -> None:
         signal.signal(stop, _stopped)
     tolerate_any_encoding(sys.stdout)
     tolerate_any_encoding(sys.stderr)
-    sys.stdout = _Guarded(sys.stdout)  # type: ignore[assignment]
+    sys.stdout = _Guarded(sys.stdout)
     code: int
     try:
         try:
@@ -885,9 +1163,8 @@ def main() -> None:
         except _OutputFailed:
             raise
         except Exception as error:
-            if not hasattr(error, "exit_code"):  # a click exception has one; anything else is a bug
-                raise
-            code = _usage_error(error)
+            # a click exception has an exit code; anything else is a bug
+            code = _usage_error(error) if hasattr(error, "exit_code") else _internal_error(error)
         sys.stdout.flush()
     except _OutputFailed as failed:
         if failed.reader_left:

@@ -103,7 +103,8 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
         if focus is not None:
             writer.metadata(metadata_packet(focus, SEQUENCE_ID))
         _write_tracks(writer, finding_tracks)
-        if as_json or not _can_fork(jobs, len(view.processes)):
+        # isinstance, not as_json (the same test): the parallel writer is Perfetto's, as type checkers see
+        if isinstance(writer, ChromeJsonWriter) or not _can_fork(jobs, len(view.processes)):
             _write_ranks(writer, scene, view.processes)
         else:
             folder = tempfile.gettempdir() if path == STDOUT else os.path.dirname(os.path.abspath(path))

@@ -11,8 +11,20 @@ import os
 from types import ModuleType
 
 SPEEDUPS: ModuleType | None = None
+# Why SPEEDUPS is None (empty while they are on): `fr2perfetto --version` says it, and how to get them.
+TURNED_OFF = "pure Python, as FR2PERFETTO_NO_SPEEDUPS asks"
+NOT_BUILT = "not built when fr2perfetto was installed"
+OFF_BECAUSE = TURNED_OFF
 if os.environ.get("FR2PERFETTO_NO_SPEEDUPS", "") in ("", "0"):
     try:
-        from .. import _speedups as SPEEDUPS  # type: ignore[attr-defined, no-redef]
-    except ImportError:  # installed without a C compiler
+        from .. import _speedups as SPEEDUPS  # type: ignore[no-redef]
+
+        OFF_BECAUSE = ""
+    except ImportError as error:  # installed without a C compiler, or built for another Python
+        import importlib.util
+
         SPEEDUPS = None
+        # No module file at all: nothing was compiled. A file that does not load (built against another
+        # Python, a missing library) says why in its error.
+        built = importlib.util.find_spec("fr2perfetto._speedups") is not None
+        OFF_BECAUSE = f"built but not loadable: {error}" if built else NOT_BUILT

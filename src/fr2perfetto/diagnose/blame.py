@@ -104,8 +104,8 @@ def assign_blame(evidence: Evidence) -> Blame:
             victims.add(rank)
     causes.sort(key=lambda op: op.first_time_ns)
     odd_members = {
-        op.op_key: found for op in evidence.ops
-        if op.status == MISMATCH and (found := odd_member(siblings, op) or _parted_in(evidence, siblings, op))
+        op.op_key: odd for op in evidence.ops
+        if op.status == MISMATCH and (odd := odd_member(siblings, op) or _parted_in(evidence, siblings, op))
     }  # fmt: skip
     return Blame(culprits, cycles, causes, victims, skipped, odd_members)
 

@@ -151,8 +151,8 @@ def _same_collectives(candidates: list[Group], ops: dict[Group, dict[int, set[st
     for group in candidates:
         for seq, names in ops.get(group, {}).items():
             counts.setdefault(seq, Counter()).update(names)
-    for seq, names in counts.items():
-        (name, count), *_ = names.most_common(1)
+    for seq, tally in counts.items():
+        (name, count), *_ = tally.most_common(1)
         with_seq = sum(1 for group in candidates if seq in ops.get(group, {}))
         if count * 2 > with_seq:
             usual[seq] = name

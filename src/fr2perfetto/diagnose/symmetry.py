@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import combinations
+from typing import cast
 
 from ..base.model import Entry, Group, MatchedOp, head_entry
 from ..base.words import group_called
@@ -42,7 +43,9 @@ def order_cycle(
         op = evidence.waits[rank].op
         entries = op.entries.get(rank)
         if entries and len(blocking) < MAX_OPS_COMPARED:
-            blocking.setdefault(_entry_key(evidence, siblings, rank, entries[0]), op)
+            key = _entry_key(evidence, siblings, rank, entries[0])
+            if key is not None:  # a group not known gives no key to compare by (``_has`` would fail on None)
+                blocking.setdefault(key, op)
     issued = _issued(evidence, siblings, set(blocking))
     breakers: dict[int, str] = {}
     for (a_key, a), (b_key, b) in combinations(blocking.items(), 2):
@@ -305,7 +308,7 @@ def _issued(
     """Per rank with a dump (of ``ranks``, or all), when it first issued each ``wanted`` op's like on
     its own groups, in one pass over its entries."""
     issued: dict[int, dict[OpKey, int]] = {}
-    wanted.discard(None)  # type: ignore[arg-type]
+    wanted.discard(None)
     if len(wanted) < 2:
         return issued
     for rank in evidence.job.dumps if ranks is None else ranks:
@@ -345,7 +348,7 @@ def _has(evidence: Evidence, siblings: Siblings, rank: int, key: OpKey) -> bool:
             continue
         if len(key) == 3:
             return True
-        op, local = key[2], key[3]
+        op, local = key[2], cast("tuple[int, int] | None", key[3])  # a send's or recv's Entry.p2p_local
         if local is not None and group.global_rank(local[1] if op in ("recv", "irecv") else local[0]) == rank:
             return True
     return False

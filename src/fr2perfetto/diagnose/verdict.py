@@ -466,7 +466,8 @@ def rule_p2p(context: _Context) -> list[Finding]:
             continue
         seen.add((op.group, op.peers))
         src, dst = op.peers
-        (present,) = list(op.entries) or [None]
+        ranks: list[int | None] = list(op.entries)  # the one end that issued it, if any
+        (present,) = ranks or [None]
         mine = head_entry(op.entries[present]).op if present is not None else "?"
         other = "recv" if mine == "send" else "send"
         absent = op.missing

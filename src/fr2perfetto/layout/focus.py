@@ -18,7 +18,8 @@ import urllib.parse
 from typing import Any
 
 from google.protobuf.message import DecodeError
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from ..proto import perfetto_trace_pb2 as pb
 
 METADATA_NAME = "fr2perfetto.focus"
 FINDINGS_TRACK = "Findings"
@@ -65,7 +66,8 @@ def metadata_packet(focus: dict[str, Any], sequence_id: int) -> bytes:
     entry = packet.chrome_events.metadata.add()
     entry.name = METADATA_NAME
     entry.string_value = json.dumps(focus, sort_keys=True)
-    return packet.SerializeToString()
+    encoded: bytes = packet.SerializeToString()  # perfetto's schema is untyped (Any): said here
+    return encoded
 
 
 def read_focus(path: str) -> dict[str, Any] | None:
@@ -107,7 +109,7 @@ def _checked(value: Any) -> dict[str, Any] | None:
 def _varint(handle: Any) -> int | None:
     shift = result = 0
     while shift < 64:
-        byte = handle.read(1)
+        byte: bytes = handle.read(1)
         if not byte:
             return None
         result |= (byte[0] & 0x7F) << shift

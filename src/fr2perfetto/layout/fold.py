@@ -127,7 +127,7 @@ def plan_view(
     current = window if window is not None else (DEFAULT_WINDOW if fold_needed else None)
     while True:
         cutoffs = _cutoffs(by_group, current, protected_groups) if current is not None else {}
-        processes = (
+        processes: list[tuple[int, tuple[int, ...]]] = (
             _fold_ranks(job, ops, shown_ranks, protected_ranks, cutoffs, shown_groups)
             if fold_needed
             else [(r, (r,)) for r in shown_ranks]

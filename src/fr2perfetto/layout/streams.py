@@ -117,7 +117,8 @@ def _by_group(
     for item in items:
         op, entries = item
         group = op.group
-        created = entries[0][created_index] if entries else op.first_time_ns
+        # the field at created_index is time_created_ns: an int, which indexing by a variable does not say
+        created: int = entries[0][created_index] if entries else op.first_time_ns  # type: ignore[assignment]
         found = by_group.get(group)
         if found is None:
             by_group[group] = [item]

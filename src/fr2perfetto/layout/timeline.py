@@ -327,8 +327,9 @@ def rank_notes(job: Job, span: TimeSpan, highlights: Highlights | None = None) -
                 what = f"{'stuck in' if rank in highlights.culprits else 'in'} {frame.name} " \
                        f"({os.path.basename(frame.filename)}:{frame.line})"  # fmt: skip
             at, timing = place(snapshot.time_ns)
-            args = (("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)),
-                    *timing)  # fmt: skip
+            args: tuple[tuple[str, ArgValue], ...] = (
+                ("thread", thread.name), ("source", snapshot.source), ("stack", stack_strings(thread.frames)), *timing,
+            )  # fmt: skip
             flows = tuple(highlights.rank_flows.get(rank, ())) if snapshot is shown_ones[-1] else ()
             look = SliceLook(shown("⌖ " + what), args, flows, callstack=thread.frames)
             notes.setdefault(rank, []).append(Slice(at, None, look))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from operator import attrgetter
 
 from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, ranks_label
@@ -170,6 +171,7 @@ def _renumber_collectives(job: Job, dump: RankDump, consumed: dict[str, list[int
         singles = any(
             e.group_name == group and e.is_p2p and e.p2p_local is not None and e.closed_by is None for e in dump.entries
         )
+        renumbered: Callable[[Entry], int]  # one of two definitions, by how the group's seqs were consumed
         if singles:
             base = _consumed_before_buffer(job, dump, group, seqs) if dump.may_have_wrapped else 0
 

@@ -213,9 +213,9 @@ def _shifts(sends: list[Entry], recvs: list[Entry]) -> list[int]:
     completion counts give first (that one alone where none is consistent)."""
     last_send = _last_completed(sends)
     last_recv = _last_completed(recvs)
-    if last_send is None and last_recv is None:
-        return [len(sends) - len(recvs)]  # the newest ops meet
     if last_recv is None:
+        if last_send is None:
+            return [len(sends) - len(recvs)]  # the newest ops meet
         anchor = last_send + 1  # the recvs it holds all came after the last transfer that completed
     elif last_send is None:
         anchor = -(last_recv + 1)

@@ -80,8 +80,7 @@ def expand_inputs(inputs: list[str], passed: list[str] | None = None) -> tuple[l
         if not found:
             unmatched.append(item)
         files.extend(regular)
-    seen: set[str] = set()
-    unique = [f for f in files if not (f in seen or seen.add(f))]
+    unique = list(dict.fromkeys(files))  # each file once, the first time it was named
     return sorted(unique, key=_natural_key), unmatched
 
 

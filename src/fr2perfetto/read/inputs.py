@@ -46,7 +46,10 @@ _STACK_NAME = re.compile(r"(^stacks_.*\.txt$|^pyspy.*|^py-spy.*|.*\.stacks?(\.tx
 _LOG_NAME = re.compile(r"(\.(log|out|err)$|^(stderr|stdout)(\.\w+)?$)", re.IGNORECASE)
 # what fr2perfetto's own capture and writers leave beside dumps: passed over without a word
 _RANK_FILE = re.compile(r"fr_pid_rank_\d{1,8}")  # capture.rank_file_name
-_COMPANIONS = re.compile(r"(^fr_(pid|pipe)_rank_|\.(ended|partial|pipe|pftrace|pftrace\.gz)$)")
+# (and the report and notes ``fr2perfetto watch`` writes beside the evidence it takes)
+_COMPANIONS = re.compile(
+    r"(^fr_(pid|pipe)_rank_|^fr2perfetto_(report|watch)\.(json|md)$|\.(ended|partial|pipe|pftrace|pftrace\.gz)$)"
+)
 _NOT_DUMPS = re.compile(
     r"(^\.|^fr_(pid|pipe)_rank_|\.(pftrace|gz|md|txt|log|py|sh|tmp|partial|pipe|ended|json\.gz|html|csv)$)"
 )  # fmt: skip
@@ -178,6 +181,12 @@ def _kind(name: str) -> str | None:
     if parse_dump_name(name) is None:
         return "no rank in its name"
     return "dump"
+
+
+def kind_of(name: str) -> str | None:
+    """What a file is by its name, as the inputs are sorted: ``dump``, ``stacks``, ``log``, ``text``, ``ended``,
+    ``rank file``; None for what fr2perfetto itself leaves beside dumps; else why it would be skipped."""
+    return _kind(name)
 
 
 def _sort(source: Source, name: str, found: Found) -> None:

@@ -177,7 +177,7 @@ def _share_configs(dump: RankDump | LoadProblem, canonical: dict[object, object]
 
 def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
     """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
-    return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))  # type: ignore[arg-type]
+    return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))
 
 
 def _canonical_column(column: tuple[object, ...], canonical: dict[object, object]) -> tuple[object, ...]:

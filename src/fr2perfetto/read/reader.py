@@ -258,7 +258,8 @@ def normalise(
         try:
             row = _read_entry_fast(item, rank, caches) if major == 2 else None
             if row is not None:
-                entries.append(row if as_rows else _new_tuple(Entry, row))
+                # with as_rows a plain tuple of Entry's fields stands in for an Entry (see the docstring)
+                entries.append(row if as_rows else _new_tuple(Entry, row))  # type: ignore[arg-type]
                 continue
             entry = _read_entry(item, rank, major, pg_config, caches)
             if major == 2:
@@ -538,10 +539,10 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     pg_id = get("pg_id", 0)
     if type(pg_id) is not int or not 0 <= pg_id <= _INT64_MAX:
         pg_id = _int(item, "pg_id", 0)
-    group = get("process_group")
+    group: Any = get("process_group")  # any value a file holds: the checks below say what it may be
     group_key = tuple(group) if type(group) in (list, tuple) else group
     try:
-        names = caches.groups.get(group_key)  # type: ignore[arg-type]
+        names = caches.groups.get(group_key)
     except TypeError:
         names = None
     if names is None:
@@ -552,7 +553,7 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
         else:
             raise _BadEntry(f"process_group is {_describe(group)}, not (name, desc)")
         if group is not None:
-            caches.groups[group_key] = names  # type: ignore[index]
+            caches.groups[group_key] = names
     group_name, group_desc = names
     if major == 1 and group_name not in pg_config and str(pg_id) in pg_config:
         group_name = str(pg_id)

@@ -83,6 +83,6 @@ def loads_plain(data: bytes) -> object:
         raise RefusedPickle(why)
     # A buffered reader lets the C unpickler take the bytes in large chunks; a bare BytesIO makes
     # it call read() once per opcode, which takes three times as long.
-    stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 17)  # type: ignore[arg-type]
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 17)
     with memory_headroom(BASE_HEADROOM + HEADROOM_PER_BYTE * len(data)):
         return PlainDataUnpickler(stream).load()

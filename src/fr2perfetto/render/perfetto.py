@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, NamedTuple, TypeVar
 
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-
 from ..base.model import Entry, Frame
 from ..base.speedups import SPEEDUPS as _speedups
 from ..layout.scene import ArgValue, Slice, SliceLook, Track, thread_label
+from ..proto import perfetto_trace_pb2 as pb
 from .wire import Field, varint
 
 SEQUENCE_ID = 1
@@ -279,7 +278,7 @@ class PerfettoWriter:
             body = self._arg_prefix(name) + _INT.tag + varint(value)  # type: ignore[arg-type]
             return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
         if kind is float:
-            body = self._arg_prefix(name) + _DOUBLE.tag + _pack_double(value)  # type: ignore[arg-type]
+            body = self._arg_prefix(name) + _DOUBLE.tag + _pack_double(value)
             return _ANNOTATION.tag + _SMALL_LENGTH[len(body)] + body
         return self._annotation(name, value)
 

@@ -46,9 +46,9 @@ def build_report(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis) -> report
         for frame in finding.culprit_frames:
             item.culprit_frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
         for ranks, frames in finding.stacks:
-            stack = item.stacks.add(ranks=ranks)
+            culprit_stack = item.stacks.add(ranks=ranks)
             for frame in frames:
-                stack.frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
+                culprit_stack.frames.add(name=frame.name, filename=frame.filename, line=_int32(frame.line))
         item.lag_ns = finding.lag_ns
     summary = report.job
     summary.ranks = len(job.ranks)

@@ -15,10 +15,10 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from ..base.model import Frame, ranks_label
+from ..base.model import Finding, Frame, ranks_label
 from ..base.text import shown
 from ..base.words import count, ranks_text, stacks_said_once
-from ..diagnose.verdict import HANG, HEALTHY, MISMATCH_STATUS, SLOW, Diagnosis, Finding, Verdict
+from ..diagnose.verdict import HANG, HEALTHY, MISMATCH_STATUS, SLOW, Diagnosis, Verdict
 from ..read.job import Job
 from ..read.runs import which_run
 

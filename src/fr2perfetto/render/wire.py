@@ -8,6 +8,7 @@ and the tests parse every trace back with that same schema.
 
 from __future__ import annotations
 
+import builtins
 import struct
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -39,10 +40,10 @@ def varint(value: int) -> bytes:
     if value < 1 << 28:
         high = value >> 14
         return _MIDDLE[value & 0x3FFF] + (_SMALL[high] if high < 128 else _LAST[high])
-    high = _HIGH_GROUPS.get(value >> 28)
-    if high is None:
-        high = _high_groups(value >> 28)
-    return _MIDDLE[value & 0x3FFF] + _MIDDLE[(value >> 14) & 0x3FFF] + high
+    groups = _HIGH_GROUPS.get(value >> 28)
+    if groups is None:
+        groups = _high_groups(value >> 28)
+    return _MIDDLE[value & 0x3FFF] + _MIDDLE[(value >> 14) & 0x3FFF] + groups
 
 
 _HIGH_GROUPS: dict[int, bytes] = {}
@@ -82,7 +83,8 @@ class Field:
     def int(self, value: int) -> bytes:
         return self.tag + varint(value)
 
-    def fixed64(self, value: int) -> bytes:
+    # In the class body ``int`` is the method above: the type is spelled ``builtins.int`` for type checkers.
+    def fixed64(self, value: builtins.int) -> bytes:
         return self.tag + _pack_u64(value)
 
     def double(self, value: float) -> bytes:
