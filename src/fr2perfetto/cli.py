@@ -781,7 +781,10 @@ def watch_command(
             "--on-hang",
             metavar="CMD",
             show_default=False,
-            help="Run this command on each hang, the report's path appended (split as a shell would, run by none).",
+            help=(
+                "Run this command on each hang, the report's path appended (its words split as a shell splits"
+                " them, then run without a shell)."
+            ),
         ),
     ] = None,
     as_json: Annotated[

@@ -27,6 +27,12 @@ _UNSAFE = re.compile(
 )
 
 
+def is_number(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of ASCII digits 0-9, which ``int`` reads. ``str.isdigit`` also
+    holds for ``"²"`` and other digits of Unicode that ``int`` refuses, and a dump may hold any of them."""
+    return text.isascii() and text.isdigit()
+
+
 def safe_text(text: str) -> str:
     """``text`` if it encodes as UTF-8; else with each lone surrogate replaced (pairs are joined)."""
     try:

@@ -26,6 +26,7 @@ from ..base.model import (
     Finding,
     LogEvent,
 )
+from ..base.text import is_number
 from ..base.words import group_called
 from ..read.stacks import main_thread, where
 from .evidence import Evidence
@@ -42,7 +43,7 @@ def from_ended_file(event: LogEvent) -> bool:
     for among the job's logs in vain. A log line's source is ``path:line`` (``read.logs``), a ``.ended``
     file's its path alone (redacted: ``<dumps>/log1``)."""
     _, colon, line = event.source.rpartition(":")
-    return not (colon and line.isdigit())
+    return not (colon and is_number(line))
 
 
 def quoted(event: LogEvent) -> str:

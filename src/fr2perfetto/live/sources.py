@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 
 from .. import __version__
 from ..base.model import StackSnapshot
+from ..base.text import is_number
 from ..read.files import open_regular
 from ..read.inputs import TEXT_LIMIT, kind_of
 from ..read.reader import DumpError, read_dump
@@ -189,7 +190,7 @@ def fetch(url: Url, path: str, *, method: str = "POST", timeout: float, max_byte
         if response.status != 200:
             raise FetchError(f"HTTP {response.status}", status=response.status)
         declared = response.getheader("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        if declared is not None and is_number(declared) and int(declared) > max_bytes:
             raise FetchError(f"an answer of {int(declared) / 2**20:.0f} MB, over the {max_bytes / 2**20:g} MB read")
         parts, size = [], 0
         while True:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import api
+from ..base.text import is_number
 from ..base.words import count, ranks_text
 from ..trigger import signal_ranks, trigger_dumps
 from .evidence import REPORT, TRACE, Round, Taken, check_out, copy_into, folder_for, write_manifest, write_rounds
@@ -104,7 +105,7 @@ class _Run:
 
 def is_folder(targets: list[str]) -> bool:
     """Whether the targets name a folder (one path, not an address)."""
-    return len(targets) == 1 and "://" not in targets[0] and not targets[0].split("=", 1)[0].isdigit()
+    return len(targets) == 1 and "://" not in targets[0] and not is_number(targets[0].split("=", 1)[0])
 
 
 def watch_job(

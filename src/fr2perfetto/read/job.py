@@ -32,7 +32,7 @@ from ..base.model import (
 )
 from ..base.pools import process_pool
 from ..base.speedups import SPEEDUPS as _speedups
-from ..base.text import path_text, shown
+from ..base.text import is_number, path_text, shown
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
@@ -562,7 +562,7 @@ def resolve_groups(
 
     def sort_key(key: tuple[str, tuple[int, ...]]) -> tuple[int, str, tuple[int, ...]]:
         name, members = key
-        return (int(name) if name.isdigit() and len(name) < 18 else 2**62, name, members)
+        return (int(name) if is_number(name) and len(name) < 18 else 2**62, name, members)
 
     groups: dict[tuple[str, tuple[int, ...]], Group] = {}
     for order, key in enumerate(sorted(keyed, key=sort_key)):

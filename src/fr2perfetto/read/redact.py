@@ -35,6 +35,7 @@ from ..base.model import (
     ThreadStack,
     group_counts,
 )
+from ..base.text import is_number
 from .files import parse_dump_name
 
 KNOWN_OPS = {
@@ -145,10 +146,10 @@ class Redactor:
         return desc if not desc or desc in KNOWN_DESCS else self.placeholder("group", desc)
 
     def group_name(self, name: str) -> str:
-        return name if name.isdigit() and len(name) < 12 else self.placeholder("pg", name)
+        return name if is_number(name) and len(name) < 12 else self.placeholder("pg", name)
 
     def thread(self, value: str) -> str:
-        return value if not value or value.isdigit() else self.placeholder("thread", value)
+        return value if not value or is_number(value) else self.placeholder("thread", value)
 
     def file(self, path: str) -> str:
         """A dump's path: ``<dumps>/rank_7``, its extension kept; a file of no rank, ``<dumps>/file1``."""
@@ -263,7 +264,7 @@ def _log_line(event: LogEvent) -> str:
 def _source(redactor: Redactor, source: str, kind: str) -> str:
     """A snapshot's or log line's source, ``path`` or ``path:line``: the file as ``<dumps>/stacks2``."""
     path, colon, line = source.rpartition(":")
-    if not (colon and line.isdigit()):
+    if not (colon and is_number(line)):
         path, line = source, ""
     shown = redactor.paths.get(path) or "<dumps>/" + redactor.placeholder(kind, path)
     return f"{shown}:{line}" if line else shown

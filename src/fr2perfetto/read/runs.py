@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..base.model import Entry, LoadProblem, RankDump, group_counts, plausible_time, time_range
-from ..base.text import path_text
+from ..base.text import is_number, path_text
 from ..base.words import count, ranks_text
 
 CLOCK_SLACK_NS = 2 * 10**9  # how far apart two hosts' clocks may be, and still be one run's
@@ -165,7 +165,7 @@ def choose_run(runs: list[Run], wanted: str) -> Run | None:
     for run in runs:
         if run.name == wanted:
             return run
-    if wanted.isdigit() and 1 <= int(wanted) <= len(runs):
+    if is_number(wanted) and 1 <= int(wanted) <= len(runs):
         return runs[int(wanted) - 1]
     folder = os.path.normpath(wanted)
     matches = [run for run in runs if folder in run.folders]
@@ -176,7 +176,7 @@ def run_argument(runs: list[Run] | list[RunInfo], index: int) -> str:
     """What to give ``--run`` to pick ``runs[index]``: its name where a shell takes it as is, else its
     place (``2``)."""
     name = runs[index].name
-    if re.fullmatch(r"[\w.@+-]{1,64}", name) and not name.isdigit() and not name.startswith("-"):
+    if re.fullmatch(r"[\w.@+-]{1,64}", name) and not is_number(name) and not name.startswith("-"):
         return name
     return str(index + 1)
 

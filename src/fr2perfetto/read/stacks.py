@@ -25,7 +25,7 @@ import os
 import re
 
 from ..base.model import MAX_RANK, Frame, StackSnapshot, ThreadStack, plausible_time
-from ..base.text import safe_text
+from ..base.text import is_number, safe_text
 
 _FAULT_THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most recent call first\):")
 _SPY_THREAD = re.compile(r"Thread (\d{1,20}|0x[0-9a-fA-F]{1,16})(?: \((\w{1,32})\))?:?")
@@ -69,7 +69,7 @@ def _section_rank(line: str) -> int | None:
     if not line.startswith("=== Rank ") or not line.rstrip().endswith("==="):
         return None
     digits = line[9:].split(":", 1)[0].split(" ", 1)[0]
-    return int(digits) if digits.isdigit() and len(digits) <= 8 else None
+    return int(digits) if is_number(digits) and len(digits) <= 8 else None
 
 
 def python_frame(body: str, before_name: str) -> Frame | None:
