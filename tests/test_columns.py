@@ -95,3 +95,24 @@ def _odd_dumps() -> list[bytes]:
 @pytest.mark.parametrize("data", _odd_dumps(), ids=["one entry", "entries twice", "odd state", "version 1"])
 def test_odd_layouts_read_the_same_by_both_readers(data: bytes):
     columns_agree("/odd/nccl_trace_rank_1", data)
+
+
+def test_one_entry_without_later_times_has_its_creation_as_its_time_range():
+    dump = _real()
+    dump["entries"] = [
+        {**dump["entries"][0], "time_discovered_started_ns": None, "time_discovered_completed_ns": None}  # type: ignore[index]
+    ]
+    made = columns_agree("/odd/nccl_trace_rank_1", pickle.dumps(dump, protocol=2))
+    assert made is not None and len(made) == 1
+
+
+@needs_c
+def test_the_array_operations_are_the_same_in_c_and_python():
+    ids = bytes(columns.array("I", [3, 1, 3, 0, 2, 1]))
+    table = bytes(range(32))
+    for width in (1, 4, 8):
+        assert SPEEDUPS.gather(ids, table, width) == columns.gather(ids, table, width)
+    assert SPEEDUPS.first_uses(ids) == columns.first_uses(ids) == [3, 1, 0, 2]
+    assert SPEEDUPS.first_uses(b"") == columns.first_uses(b"") == []
+    with pytest.raises(ValueError, match="past the table"):
+        SPEEDUPS.gather(bytes(columns.array("I", [9])), table, 4)

@@ -11,6 +11,8 @@
  *   allows nothing else), so nothing here runs Python code.
  * - pickle_columns() reads a dump's pickle in one pass into columns (read.columns), without an object
  *   per entry; it gives up on anything but what PyTorch's pickler writes (see its comment below).
+ * - gather() and first_uses() are columns.gather and columns.first_uses, the array operations that turn
+ *   what pickle_columns read into columns.
  * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
@@ -1763,7 +1765,7 @@ typedef struct {
 #define WK_KEYS 22     /* reader._FAST_KEYS, then "entries" */
 #define WK_ENTRIES 22
 #define WK_OTHER 255
-#define NO_ID 0xFFFFFFFFu
+#define NO_ID 0xFFFFFFFFu /* more objects than a uint32 counts: give up */
 
 typedef struct {
     unsigned char kind; /* 'l' list, 'd' dict, 'E' the entries list, 'e' an entry */
@@ -1787,10 +1789,19 @@ typedef struct {
     Buffer arena;
 } Interner;
 
+/* A hash of n bytes, eight at a time (the keys are runs of nine-byte values: byte by byte costs more
+ * than the rest of the walk). */
 static uint64_t fnv(const unsigned char *p, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        h = (h ^ word) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h ^ (h >> 32);
 }
 
 /* The id of ``key`` (n bytes), or -1 when new: then *slot says where to put it. */
@@ -1851,7 +1862,7 @@ static void interner_free(Interner *in) {
 
 /* The walker's state. Columns: 8 int64 (record id, pg id, collective seq, p2p seq, op id, created,
  * started, completed; -1 for None), duration (float64, NaN for None), then 6 uint32 (the shape, then
- * the raw ids of input and output sizes and dtypes and frames; NO_ID for None). */
+ * the raw ids of input and output sizes and dtypes and frames; 0 for None). */
 #define WK_INT_COLUMNS 8
 #define WK_ID_COLUMNS 6
 typedef struct {
@@ -1872,6 +1883,7 @@ typedef struct {
     PyObject *entries_list; /* the top dict's "entries" where they were read as rows */
     Buffer cols[WK_INT_COLUMNS + 1 + WK_ID_COLUMNS];
     Py_ssize_t rows;
+    long long first, last; /* base.model.time_range of the rows */
     const char *key_text[WK_KEYS + 1];
     Py_ssize_t key_len[WK_KEYS + 1];
     int entries_seen;
@@ -2052,10 +2064,10 @@ static int time_of(const Val *v, long long *out) {
     return 0;
 }
 
-/* The raw id of sizes, dtypes or frames: an object, or NO_ID for None. */
+/* The raw id of sizes, dtypes or frames: an object, or 0 (None). */
 static int raw_id_of(const Val *v, uint32_t *out) {
     if (v->kind == V_NONE) {
-        *out = NO_ID;
+        *out = 0;
         return 0;
     }
     if (v->kind != V_OBJ) return -2;
@@ -2113,6 +2125,10 @@ static int put_row(Walker *w, Open *o) {
         if (id < 0 || interner_add(&w->shapes, key, sizeof key, h, id) < 0) return -1;
     }
     ids[0] = (uint32_t)id;
+    if (w->rows == 0) w->first = w->last = ints[5];
+    if (ints[5] < w->first) w->first = ints[5];
+    for (int c = 5; c < 8; c++) /* a time of None is -1, below any */
+        if (ints[c] > w->last) w->last = ints[c];
     for (int c = 0; c < WK_INT_COLUMNS; c++)
         if (buffer_put(&w->cols[c], (const char *)&ints[c], 8) < 0) return -1;
     if (buffer_put(&w->cols[WK_INT_COLUMNS], (const char *)&duration, 8) < 0) return -1;
@@ -2430,13 +2446,45 @@ static int walk(Walker *w, const unsigned char *data, Py_ssize_t end) {
 #undef TRY
 }
 
+/* The walker's large arrays, kept from one call to the next: made anew for each file, they cost more
+ * in page faults than the walk itself. Safe without a lock: a call holds the GIL from start to end, and
+ * what it calls runs no Python code (it makes only str, int, float, list, tuple and dict). */
+static struct {
+    Val *stack, *memo;
+    unsigned char *memo_set;
+    Py_ssize_t cap, memo_cap;
+    Open *opens;
+    Py_ssize_t open_cap;
+    Buffer cols[WK_INT_COLUMNS + 1 + WK_ID_COLUMNS];
+} kept;
+
+static void walker_take(Walker *w) {
+    w->stack = kept.stack;
+    w->cap = kept.cap;
+    w->memo = kept.memo;
+    w->memo_set = kept.memo_set;
+    w->memo_cap = kept.memo_cap;
+    if (w->memo_set != NULL) memset(w->memo_set, 0, (size_t)w->memo_cap);
+    w->opens = kept.opens;
+    w->open_cap = kept.open_cap;
+    for (int c = 0; c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) {
+        w->cols[c] = kept.cols[c];
+        w->cols[c].len = 0;
+    }
+    memset(&kept, 0, sizeof kept);
+}
+
 static void walker_free(Walker *w) {
-    PyMem_Free(w->stack);
-    PyMem_Free(w->marks);
-    PyMem_Free(w->memo);
-    PyMem_Free(w->memo_set);
     for (Py_ssize_t i = 0; i < w->open_len; i++) PyMem_Free(w->opens[i].items);
-    PyMem_Free(w->opens);
+    kept.stack = w->stack;
+    kept.cap = w->cap;
+    kept.memo = w->memo;
+    kept.memo_set = w->memo_set;
+    kept.memo_cap = w->memo_cap;
+    kept.opens = w->opens;
+    kept.open_cap = w->open_cap;
+    for (int c = 0; c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) kept.cols[c] = w->cols[c];
+    PyMem_Free(w->marks);
     Py_XDECREF(w->objs);
     Py_XDECREF(w->shape_list);
     Py_XDECREF(w->entries_list);
@@ -2444,14 +2492,14 @@ static void walker_free(Walker *w) {
     PyMem_Free(w->scratch.data);
     interner_free(&w->made);
     interner_free(&w->shapes);
-    for (int c = 0; c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) PyMem_Free(w->cols[c].data);
 }
 
 PyDoc_STRVAR(pickle_columns_doc,
              "pickle_columns(data, max_depth, max_nodes, keys) -> tuple | None\n\n"
              "A dump's pickle read in one pass: (top dict; rows; columns, a tuple of bytes: 8 int64, duration\n"
              "float64, shape and 5 raw ids uint32; shapes, a list of tuples of the 8 shape fields; objects, raw\n"
-             "id -> object; the empty list that stands in the top dict for the entries read as rows, or None).\n"
+             "id -> object; the empty list that stands in the top dict for the entries read as rows, or None;\n"
+             "the first creation time and the last time of any kind of the rows).\n"
              "``keys`` are reader._FAST_KEYS and \"entries\". None: read this file the other way (see the\n"
              "comment above walk()).");
 
@@ -2474,10 +2522,14 @@ static PyObject *pickle_columns(PyObject *module, PyObject *const *args, Py_ssiz
     char *text;
     Py_ssize_t size;
     if (PyBytes_AsStringAndSize(args[0], &text, &size) < 0) return NULL;
+    walker_take(&w);
     w.objs = PyList_New(0);
     w.shape_list = PyList_New(0);
     PyObject *result = NULL;
-    int r = w.objs && w.shape_list ? walk(&w, (const unsigned char *)text, size) : -1;
+    /* raw id 0 is None: a field of sizes, dtypes or frames that is None */
+    int r = w.objs && w.shape_list && add_obj(&w, Py_NewRef(Py_None), 0, WK_OTHER, 1) == 0
+                ? walk(&w, (const unsigned char *)text, size)
+                : -1;
     if (r == 0) r = settle(&w, &w.stack[0], 0);
     if (r == 0 && (w.stack[0].kind != V_OBJ || !PyDict_Check(PyList_GetItem(w.objs, (Py_ssize_t)w.stack[0].u.i))))
         r = -2;
@@ -2489,8 +2541,8 @@ static PyObject *pickle_columns(PyObject *module, PyObject *const *args, Py_ssiz
             else PyTuple_SetItem(columns, c, b);
         }
         if (columns != NULL)
-            result = Py_BuildValue("(OnNOOO)", PyList_GetItem(w.objs, (Py_ssize_t)w.stack[0].u.i), w.rows, columns,
-                                   w.shape_list, w.objs, w.entries_list ? w.entries_list : Py_None);
+            result = Py_BuildValue("(OnNOOOLL)", PyList_GetItem(w.objs, (Py_ssize_t)w.stack[0].u.i), w.rows, columns,
+                                   w.shape_list, w.objs, w.entries_list ? w.entries_list : Py_None, w.first, w.last);
         if (result == NULL) r = -1;
     }
     walker_free(&w);
@@ -2503,7 +2555,74 @@ static PyObject *pickle_columns(PyObject *module, PyObject *const *args, Py_ssiz
     return result;
 }
 
+PyDoc_STRVAR(gather_doc, "gather(ids, table, width) -> bytes\n\n"
+                         "``table``'s item ``ids[i]`` for each i: ``ids`` uint32s, ``table`` items of ``width`` bytes\n"
+                         "(columns.gather in Python).");
+
+static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("gather", nargs, 3)) return NULL;
+    char *ids, *table;
+    Py_ssize_t ids_size, table_size, width = PyLong_AsSsize_t(args[2]);
+    if ((width == -1 && PyErr_Occurred()) || PyBytes_AsStringAndSize(args[0], &ids, &ids_size) < 0 ||
+        PyBytes_AsStringAndSize(args[1], &table, &table_size) < 0)
+        return NULL;
+    if (width < 1 || width > 8 || ids_size % 4 || table_size % width) {
+        PyErr_SetString(PyExc_ValueError, "gather: ids of 4 bytes, a table of width 1 to 8");
+        return NULL;
+    }
+    Py_ssize_t count = ids_size / 4, items = table_size / width;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * width);
+    if (out == NULL) return NULL;
+    char *to = PyBytes_AsString(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if ((Py_ssize_t)id >= items) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_ValueError, "gather: an id past the table");
+            return NULL;
+        }
+        memcpy(to + width * i, table + width * (Py_ssize_t)id, (size_t)width);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(first_uses_doc, "first_uses(ids) -> list\n\n"
+                             "The distinct uint32s of ``ids`` in order of first use (list(dict.fromkeys(ids))).");
+
+static PyObject *first_uses(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("first_uses", nargs, 1)) return NULL;
+    char *ids;
+    Py_ssize_t size;
+    if (PyBytes_AsStringAndSize(args[0], &ids, &size) < 0) return NULL;
+    Py_ssize_t count = size / 4;
+    uint32_t top = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if (id > top) top = id;
+    }
+    unsigned char *seen = count ? PyMem_Calloc((size_t)top + 1, 1) : NULL;
+    if (count && seen == NULL) return PyErr_NoMemory();
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if (seen[id]) continue;
+        seen[id] = 1;
+        PyObject *number = PyLong_FromUnsignedLong(id);
+        if (number == NULL || PyList_Append(out, number) < 0) Py_CLEAR(out);
+        Py_XDECREF(number);
+    }
+    PyMem_Free(seen);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
+    {"first_uses", (PyCFunction)(void (*)(void))first_uses, METH_FASTCALL, first_uses_doc},
     {"pickle_columns", (PyCFunction)(void (*)(void))pickle_columns, METH_FASTCALL, pickle_columns_doc},
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,

@@ -37,6 +37,7 @@ from itertools import repeat
 from typing import Any
 
 from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry
+from ..base.speedups import SPEEDUPS as _speedups
 
 NONE = -1  # None in an int column: no time, timeout or peer of a real op is negative
 STATES = (SCHEDULED, STARTED, COMPLETED)
@@ -126,40 +127,39 @@ def from_raw(
     """Columns from what ``_speedups.pickle_columns`` read: its numbers as they are, each distinct shape
     (the repeating fields, ``reader._SHAPE_KEYS``) and sizes, dtypes or stack made what the Python reader
     makes of it by ``normalise_shape`` and ``normalise_field`` (which raise ``GiveUp``), ids renumbered
-    as ``from_entries`` numbers them."""
+    as ``from_entries`` numbers them. Array work is done by ``gather`` and ``first_uses``, in C."""
     rows, data, shapes, objects = raw
-    columns: dict[str, array[Any]] = {}
-    for name, chunk in zip(INT_COLUMNS, data, strict=False):
-        columns[name] = _from_bytes("q", chunk)
-    duration = _from_bytes("d", data[8])
-    shape_ids, *raw_ids = (_from_bytes("I", chunk) for chunk in data[9:])
-    made = [normalise_shape(shape) for shape in shapes]
+    columns = {name: _from_bytes("q", chunk) for name, chunk in zip(INT_COLUMNS, data[:8], strict=True)}
+    columns["duration"] = _from_bytes("d", data[8])
+    shape_ids, *raw_ids = data[9:]
     # made: (group, op, peers, is_p2p, state, retired, timeout, thread), one per shape
-    columns["timeout"] = array("q", map([NONE if m[6] is None else m[6] for m in made].__getitem__, shape_ids))
-    columns["duration"] = duration
-    for name, index, of in (("state", 4, _STATE_INDEX.__getitem__), ("retired", 5, int), ("is_p2p", 3, int)):
-        columns[name] = array("B", map([of(m[index]) for m in made].__getitem__, shape_ids))
-    for name, side in (("p2p_src", 0), ("p2p_dst", 1)):
-        columns[name] = array("i", map([NONE if m[2] is None else m[2][side] for m in made].__getitem__, shape_ids))
+    made = [normalise_shape(shape) for shape in shapes]
+    per_shape = {
+        "timeout": array("q", [NONE if m[6] is None else m[6] for m in made]),
+        "state": array("B", [_STATE_INDEX[m[4]] for m in made]),
+        "retired": array("B", [m[5] for m in made]),
+        "is_p2p": array("B", [m[3] for m in made]),
+        "p2p_src": array("i", [NONE if m[2] is None else m[2][0] for m in made]),
+        "p2p_dst": array("i", [NONE if m[2] is None else m[2][1] for m in made]),
+    }
+    for name, values in per_shape.items():
+        columns[name] = _from_bytes(values.typecode, _gather(shape_ids, values.tobytes(), values.itemsize))
     tables: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
     for name, index in (("group", 0), ("op", 1), ("thread", 7)):
         columns[name] = _renumbered(shape_ids, [m[index] for m in made].__getitem__, tables[ID_COLUMNS[name]])
-    for name, ids in zip(("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames"), raw_ids,
-                         strict=True):  # fmt: skip
-        table = tables[ID_COLUMNS[name]]
-        columns[name] = _renumbered(ids, partial(_field_value, normalise_field, name, objects), table)
+    fields = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
+    for name, ids in zip(fields, raw_ids, strict=True):
+        value_of = partial(_field_value, normalise_field, name, objects)
+        columns[name] = _renumbered(ids, value_of, tables[ID_COLUMNS[name]])
     if any(len(column) != rows for column in columns.values()):
         raise GiveUp("columns of different lengths")
     ordered = {name: columns[name] for name in COLUMNS}
     return RankColumns(rank, ordered, {name: list(table) for name, table in tables.items()})
 
 
-_NO_ID = 0xFFFFFFFF
-
-
 def _field_value(normalise_field: Callable[[str, Any], Any], name: str, objects: list[Any], raw_id: int) -> Any:
-    """The value of field ``name`` the raw id stands for (None for ``_NO_ID``), as the reader makes it."""
-    return normalise_field(name, None if raw_id == _NO_ID else objects[raw_id])
+    """The value of field ``name`` the raw id stands for (raw id 0 is None), as the reader makes it."""
+    return normalise_field(name, objects[raw_id])
 
 
 def _from_bytes(kind: str, chunk: bytes) -> array[Any]:
@@ -168,10 +168,28 @@ def _from_bytes(kind: str, chunk: bytes) -> array[Any]:
     return column
 
 
-def _renumbered(raw: array[int], value_of: Callable[[int], Hashable], table: dict[Any, int]) -> array[int]:
-    """``raw`` ids as ids into ``table`` of their values (``value_of``), given in order of first use."""
-    remap = {raw_id: table.setdefault(value_of(raw_id), len(table)) for raw_id in dict.fromkeys(raw)}
-    return array("I", map(remap.__getitem__, raw))
+def gather(ids: bytes, table: bytes, width: int) -> bytes:
+    """``table``'s item ``ids[i]`` (``width`` bytes each) for each uint32 of ``ids``; ``_speedups.gather``."""
+    return b"".join(table[width * i : width * i + width] for i in _from_bytes("I", ids))
+
+
+def first_uses(ids: bytes) -> list[int]:
+    """The distinct uint32s of ``ids`` in order of first use; ``_speedups.first_uses``."""
+    return list(dict.fromkeys(_from_bytes("I", ids)))
+
+
+_gather = gather if _speedups is None else _speedups.gather
+_first_uses = first_uses if _speedups is None else _speedups.first_uses
+
+
+def _renumbered(raw: bytes, value_of: Callable[[int], Hashable], table: dict[Any, int]) -> array[int]:
+    """``raw`` ids (uint32 bytes) as ids into ``table`` of their values (``value_of``), given in order of
+    first use."""
+    uses = _first_uses(raw)
+    remap = array("I", bytes(4 * (max(uses, default=0) + 1)))
+    for raw_id in uses:
+        remap[raw_id] = table.setdefault(value_of(raw_id), len(table))
+    return _from_bytes("I", _gather(raw, remap.tobytes(), 4))
 
 
 class JobTables:
@@ -254,14 +272,6 @@ def to_entries(
         repeat(None, count),
     ]  # fmt: skip
     return make(Entry, [tuple(field) for field in fields])
-
-
-def time_range(rank: RankColumns) -> tuple[int, int] | None:
-    """``base.model.time_range`` of the entries: first creation, last time of any kind."""
-    c = rank.columns
-    if not len(rank):
-        return None
-    return min(c["created"]), max(max(c["created"]), max(c["started"]), max(c["completed"]))
 
 
 def group_counts(rank: RankColumns) -> dict[tuple[str, str], int]:

@@ -112,7 +112,7 @@ def read_dump_columns(
 def _from_walk(walked: tuple[Any, ...], rank: int, path: str, host: str | None) -> tuple[RankDump, RankColumns] | None:
     """A dump and its columns from what ``pickle_columns`` read; None where the Python reader must read
     it (a 1.x dump, an entry it would read otherwise)."""
-    top, rows, data, shapes, objects, read_as_rows = walked
+    top, rows, data, shapes, objects, read_as_rows, first, last = walked
     entries = top.get("entries")
     if entries is not read_as_rows and (rows or entries):
         return None  # "entries" is not (only) the list read as rows: the Python reader says what it is
@@ -127,7 +127,7 @@ def _from_walk(walked: tuple[Any, ...], rank: int, path: str, host: str | None) 
         )  # fmt: skip
     except columns.GiveUp:
         return None
-    dump.time_range = columns.time_range(made)
+    dump.time_range = (first, last) if rows else None
     dump.group_counts = columns.group_counts(made)
     return dump, made
 
