@@ -7,6 +7,8 @@ that memory a forked writer shares with its parent counts once):
 
 - ``unpickle``: ``pickle.load`` of every file, serially, the garbage collector off, nothing else (the
   floor; ``x floor`` is each stage's ratio to it);
+- ``columns``: the reader alone, every file to columns (``read_dump_columns``), serially, gc off;
+- ``load``: ``load_job`` of the folder, as analyze and convert load it (reading processes included);
 - ``analyze``: ``fr2perfetto analyze DIR --json``;
 - ``convert``: ``fr2perfetto convert DIR -o trace.pftrace`` (folded by default beyond 256 MB);
 - ``pytorch``: ``python -m torch.distributed.flight_recorder.fr_trace DIR``, where it fits (by default
@@ -45,6 +47,12 @@ UNPICKLE = (
     "import gc, glob, pickle, sys\ngc.disable()\n"
     "for f in sorted(glob.glob(sys.argv[1] + '/*')):\n    pickle.load(open(f, 'rb'))\n"
 )
+
+COLUMNS = (
+    "import gc, glob, sys\ngc.disable()\nfrom fr2perfetto.read.reader import read_dump_columns\n"
+    "for f in sorted(glob.glob(sys.argv[1] + '/*')):\n    read_dump_columns(f)\n"
+)
+LOAD = "import sys\nfrom fr2perfetto.read.job import load_job\nload_job([sys.argv[1]])\n"
 
 
 def _memory(pid: int, rss_pages: int, page: int) -> int:
@@ -141,6 +149,8 @@ def main() -> None:
         trace = Path(args.data) / f"{ranks}x{args.entries}.pftrace"
         stages = {
             "unpickle": [sys.executable, "-c", UNPICKLE, str(folder)],
+            "columns": [sys.executable, "-c", COLUMNS, str(folder)],
+            "load": [sys.executable, "-c", LOAD, str(folder)],
             "analyze": [str(BIN / "fr2perfetto"), "analyze", str(folder), "--json"],
             "convert": [str(BIN / "fr2perfetto"), "convert", str(folder), "-o", str(trace), "-q"],
         }

@@ -20,6 +20,7 @@ from fr2perfetto.read.job import build_job
 from fr2perfetto.read.reader import DumpError, read_dump
 
 from .conftest import ROOT
+from .test_columns import columns_agree
 
 REAL_PICKLE = (ROOT / "samples" / "gloo" / "skip" / "gloo_trace_rank_0").read_bytes()
 REAL_JSON = (ROOT / "samples" / "gloo" / "healthy" / "gloo_trace_rank_1.json").read_bytes()
@@ -49,7 +50,8 @@ def _read_without(data: bytes, *, c: bool, python_fast_path: bool):
 
 def _read(data: bytes) -> None:
     """The C reader, the Python fast path and the full reader all read the same; the C and Python
-    shape checks of a pickle agree."""
+    shape checks of a pickle agree; the C reader's columns are the reference's."""
+    columns_agree("/fuzz/nccl_trace_rank_3", data)
     if data[:1] == b"\x80":
         from fr2perfetto import _speedups
         from fr2perfetto.read import pickle_shape

@@ -16,7 +16,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import fr2perfetto
-from fr2perfetto.base.model import Entry, Frame, Group, MatchedOp
+from fr2perfetto.base.model import Entry, Group, MatchedOp
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams, timeline
 from fr2perfetto.layout.scene import Slice, SliceLook
@@ -164,24 +164,6 @@ def test_entries_that_repeat_many_kinds_read_the_same_in_c_and_python(monkeypatc
         assert [type(v) for v in fast] == [type(v) for v in pure]
         assert [type(d) for s in fast.input_sizes for d in s] == [type(d) for s in pure.input_sizes for d in s]
     assert {e.input_sizes for e in made_in_c.entries} >= {((4096,),), ((4096, 2),), ((1,), (2,))}
-
-
-def test_the_ranks_equal_values_become_one_object_the_same_in_c_and_python():
-    assert SPEEDUPS is not None
-    frames = (Frame("step", "train.py", 7),)
-    column = ("all_reduce", "tp", ((4,),), frames, None, 1, True, 2.5, ("x", [1]), "all_reduce", ((4,),))
-    for share in (SPEEDUPS.canonical_column, job._canonical_column):
-        canonical: dict[object, object] = {}
-        first = share(tuple(column), canonical)
-        # another rank's copies of the same values: equal, but other objects
-        copies = tuple(
-            tuple(list(v)) if type(v) is tuple else "".join(list(v)) if type(v) is str else v for v in column
-        )
-        second = share(copies, canonical)
-        assert first == second == column
-        assert [a is b for a, b in zip(first, second, strict=True)] == [True] * 8 + [False] + [True] * 2
-        assert second[3] is first[3] and second[6] is True and second[5] == 1 and type(second[5]) is int
-        assert len(canonical) == 4  # two strings, the sizes, the stack; not the unhashable tuple
 
 
 def test_an_environment_variable_turns_the_speedups_off_and_version_says_so():

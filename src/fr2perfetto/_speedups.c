@@ -9,8 +9,11 @@
  *   compares types and ranges; it allocates only in proportion to what the dump already holds in
  *   memory and never indexes by a number the dump gives. The dump holds plain data (the unpickler
  *   allows nothing else), so nothing here runs Python code.
- * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent;
- *   canonical_column() is job._canonical_column, which makes the ranks' equal strings and tuples one object.
+ * - pickle_columns() reads a dump's pickle in one pass into columns (read.columns), without an object
+ *   per entry; it gives up on anything but what PyTorch's pickler writes (see its comment below).
+ * - gather() and first_uses() are columns.gather and columns.first_uses, the array operations that turn
+ *   what pickle_columns read into columns.
+ * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
  * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
@@ -474,49 +477,6 @@ static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, P
     for (Py_ssize_t f = 0; f < fields; f++) Py_DECREF(held[f]);
     PyMem_Free(held);
     return entries;
-}
-
-PyDoc_STRVAR(canonical_column_doc,
-             "canonical_column(column, canonical) -> tuple\n\n"
-             "job._canonical_column: ``column`` (a tuple) with each str and tuple in it replaced by the equal\n"
-             "one ``canonical`` (a dict, value -> itself, filled as it goes) already holds.");
-
-static PyObject *canonical_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("canonical_column", nargs, 2)) return NULL;
-    PyObject *column = args[0], *canonical = args[1];
-    if (!PyTuple_CheckExact(column) || !PyDict_CheckExact(canonical)) {
-        PyErr_SetString(PyExc_TypeError, "canonical_column(column: tuple, canonical: dict)");
-        return NULL;
-    }
-    /* a column repeats a few values: the last ones met, and the canonical ones they stand for */
-    PyObject *met[RECENT] = {NULL}, *stands_for[RECENT] = {NULL};
-    int next = 0;
-    Py_ssize_t size = LENGTH(column);
-    PyObject *out = PyTuple_New(size);
-    for (Py_ssize_t i = 0; out != NULL && i < size; i++) {
-        PyObject *value = PyTuple_GetItem(column, i), *shared = value;
-        if (PyUnicode_CheckExact(value) || PyTuple_CheckExact(value)) {
-            int r = 0;
-            while (r < RECENT && met[r] != value) r++;
-            if (r < RECENT) {
-                shared = stands_for[r];
-            } else {
-                /* canonical.setdefault(value, value) (PyDict_SetDefault is not in the stable ABI); borrowed:
-                 * the dict holds it */
-                shared = PyDict_GetItemWithError(canonical, value);
-                if (shared == NULL && (PyErr_Occurred() || PyDict_SetItem(canonical, value, value) < 0)) {
-                    PyErr_Clear(); /* unhashable: it stays as it is */
-                }
-                if (shared == NULL) shared = value;
-                met[next] = value; /* borrowed: the column holds it */
-                stands_for[next] = shared;
-                next = (next + 1) % RECENT;
-            }
-        }
-        PyTuple_SetItem(out, i, Py_NewRef(shared));
-    }
-    return out;
 }
 
 /* ---- matching ------------------------------------------------------------------------------------ */
@@ -1779,11 +1739,894 @@ done:
     return PyUnicode_FromString(why);
 }
 
+/* ---- a pickle straight to columns ---------------------------------------------------------------- */
+
+/* pickle_columns() walks a dump's opcodes once and writes its entries as columns, without a Python
+ * object per entry: each list, tuple and dict outside the entries is made once per distinct content
+ * (hash-consed on its items), and each entry becomes one row of fixed-width fields, with its repeating
+ * fields (op, group, state, thread...: ``reader._SHAPE_KEYS``) one id into a table of their distinct
+ * combinations. It knows only the opcodes PyTorch's pickler writes (torch/csrc/jit/serialization/
+ * pickler.cpp, protocol 2) and the layout of ``FlightRecorder::dump`` (torch/csrc/distributed/c10d/
+ * FlightRecorder*.cpp: a dict whose "entries" is a list of dicts). At anything else (another opcode,
+ * an object fetched from the memo before it is complete, a value of a type the fast reader does not
+ * take, too deep or too many nodes, pickle_shape's bounds) it gives up and returns None, and the
+ * caller reads the file as before: restricted unpickler, then the Python reader. So its result never
+ * differs from theirs, and it runs no code (it never looks a class up). Work is linear in the file. */
+
+enum { V_NONE, V_FALSE, V_TRUE, V_INT, V_FLOAT, V_OBJ, V_OPEN, V_ENTRIES };
+typedef struct {
+    unsigned char kind;
+    union {
+        long long i;
+        double f;
+    } u; /* V_OBJ, V_OPEN: the id in i */
+} Val;
+
+#define WK_KEYS 22     /* reader._FAST_KEYS, then "entries" */
+#define WK_ENTRIES 22
+#define WK_OTHER 255
+#define NO_ID 0xFFFFFFFFu /* more objects than a uint32 counts: give up */
+
+typedef struct {
+    unsigned char kind; /* 'l' list, 'd' dict, 'E' the entries list, 'e' an entry */
+    unsigned char done; /* 1: made (final holds its id); 2: used up (an entry, the entries list) */
+    long long final;
+    Val *items;
+    Py_ssize_t len, cap;
+} Open;
+
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t off, len;
+    long long id;
+} HKey;
+
+typedef struct {
+    HKey *keys;
+    Py_ssize_t count, cap;
+    Py_ssize_t *slots; /* index + 1 into keys; 0: empty */
+    Py_ssize_t mask;
+    Buffer arena;
+} Interner;
+
+/* A hash of n bytes, eight at a time (the keys are runs of nine-byte values: byte by byte costs more
+ * than the rest of the walk). */
+static uint64_t fnv(const unsigned char *p, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        h = (h ^ word) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h ^ (h >> 32);
+}
+
+/* The id of ``key`` (n bytes), or -1 when new: then *slot says where to put it. */
+static long long interner_find(Interner *in, const char *key, Py_ssize_t n, uint64_t h, Py_ssize_t *slot) {
+    if (in->slots == NULL) {
+        *slot = -1;
+        return -1;
+    }
+    Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)in->mask);
+    while (in->slots[s]) {
+        HKey *k = &in->keys[in->slots[s] - 1];
+        if (k->hash == h && k->len == n && memcmp(in->arena.data + k->off, key, (size_t)n) == 0) return k->id;
+        s = (s + 1) & in->mask;
+    }
+    *slot = s;
+    return -1;
+}
+
+static int interner_rehash(Interner *in) {
+    Py_ssize_t size = in->slots ? 2 * (in->mask + 1) : 1024;
+    Py_ssize_t *slots = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    if (slots == NULL) return -1;
+    for (Py_ssize_t i = 0; i < in->count; i++) {
+        Py_ssize_t s = (Py_ssize_t)(in->keys[i].hash & (uint64_t)(size - 1));
+        while (slots[s]) s = (s + 1) & (size - 1);
+        slots[s] = i + 1;
+    }
+    PyMem_Free(in->slots);
+    in->slots = slots;
+    in->mask = size - 1;
+    return 0;
+}
+
+/* Remember ``key`` as ``id``; -1 out of memory. */
+static int interner_add(Interner *in, const char *key, Py_ssize_t n, uint64_t h, long long id) {
+    if (in->count + 1 > in->cap) {
+        Py_ssize_t cap = in->cap ? 2 * in->cap : 256;
+        HKey *keys = PyMem_Realloc(in->keys, (size_t)cap * sizeof(HKey));
+        if (keys == NULL) return -1;
+        in->keys = keys;
+        in->cap = cap;
+    }
+    Py_ssize_t off = in->arena.len;
+    if (buffer_put(&in->arena, key, n) < 0) return -1;
+    in->keys[in->count++] = (HKey){h, off, n, id};
+    if (in->slots == NULL || 2 * in->count > in->mask) return interner_rehash(in);
+    Py_ssize_t slot;
+    interner_find(in, key, n, h, &slot); /* new: finds its empty slot */
+    in->slots[slot] = in->count;
+    return 0;
+}
+
+static void interner_free(Interner *in) {
+    PyMem_Free(in->keys);
+    PyMem_Free(in->slots);
+    PyMem_Free(in->arena.data);
+}
+
+/* The walker's state. Columns: 8 int64 (record id, pg id, collective seq, p2p seq, op id, created,
+ * started, completed; -1 for None), duration (float64, NaN for None), then 6 uint32 (the shape, then
+ * the raw ids of input and output sizes and dtypes and frames; 0 for None). */
+#define WK_INT_COLUMNS 8
+#define WK_ID_COLUMNS 6
+typedef struct {
+    Val *stack;
+    Py_ssize_t len, cap;
+    Py_ssize_t *marks;
+    Py_ssize_t mark_len, mark_cap;
+    Val *memo;
+    unsigned char *memo_set;
+    Py_ssize_t memo_cap, memo_count;
+    Open *opens;
+    Py_ssize_t open_len, open_cap;
+    PyObject *objs; /* id -> object (a str, or a list, tuple or dict made once) */
+    Buffer meta;    /* per id: depth (1 byte), key slot (1 byte), nodes (8 bytes) */
+    Interner made, shapes;
+    Buffer scratch; /* the key being interned */
+    PyObject *shape_list;
+    PyObject *entries_list; /* the top dict's "entries" where they were read as rows */
+    Buffer cols[WK_INT_COLUMNS + 1 + WK_ID_COLUMNS];
+    Py_ssize_t rows;
+    long long first, last; /* base.model.time_range of the rows */
+    const char *key_text[WK_KEYS + 1];
+    Py_ssize_t key_len[WK_KEYS + 1];
+    int entries_seen;
+    long max_depth;
+    long long max_nodes;
+} Walker;
+
+#define META_SIZE 10
+
+static unsigned char meta_depth(Walker *w, long long id) { return (unsigned char)w->meta.data[id * META_SIZE]; }
+static unsigned char meta_slot(Walker *w, long long id) { return (unsigned char)w->meta.data[id * META_SIZE + 1]; }
+static long long meta_nodes(Walker *w, long long id) {
+    long long n;
+    memcpy(&n, w->meta.data + id * META_SIZE + 2, sizeof n);
+    return n;
+}
+
+/* Add ``obj`` (stolen) as the next id; -1 on error. */
+static long long add_obj(Walker *w, PyObject *obj, unsigned char depth, unsigned char slot, long long nodes) {
+    if (obj == NULL) return -1;
+    long long id = PyList_Size(w->objs);
+    int failed = PyList_Append(w->objs, obj);
+    Py_DECREF(obj);
+    char m[META_SIZE];
+    m[0] = (char)depth;
+    m[1] = (char)slot;
+    memcpy(m + 2, &nodes, sizeof nodes);
+    if (failed || id >= (long long)NO_ID || buffer_put(&w->meta, m, META_SIZE) < 0) return -1;
+    return id;
+}
+
+static int push(Walker *w, Val v) {
+    if (w->len == w->cap) {
+        Py_ssize_t cap = w->cap ? 2 * w->cap : 256;
+        Val *s = PyMem_Realloc(w->stack, (size_t)cap * sizeof(Val));
+        if (s == NULL) return -1;
+        w->stack = s;
+        w->cap = cap;
+    }
+    w->stack[w->len++] = v;
+    return 0;
+}
+
+/* A value's object (new reference); NULL with an error set. */
+static PyObject *object_of(Walker *w, const Val *v) {
+    switch (v->kind) {
+    case V_NONE: return Py_NewRef(Py_None);
+    case V_FALSE: return Py_NewRef(Py_False);
+    case V_TRUE: return Py_NewRef(Py_True);
+    case V_INT: return PyLong_FromLongLong(v->u.i);
+    case V_FLOAT: return PyFloat_FromDouble(v->u.f);
+    case V_OBJ: return Py_NewRef(PyList_GetItem(w->objs, (Py_ssize_t)v->u.i));
+    case V_ENTRIES: /* the entries are the columns: one empty list, which the caller knows by identity */
+        if (w->entries_list == NULL) w->entries_list = PyList_New(0);
+        return w->entries_list ? Py_NewRef(w->entries_list) : NULL;
+    default: PyErr_SetString(PyExc_ValueError, "open container"); return NULL;
+    }
+}
+
+/* A value as the nine bytes of an interning key. */
+static void key_of(const Val *v, char *out) {
+    out[0] = (char)v->kind;
+    memset(out + 1, 0, 8);
+    if (v->kind == V_FLOAT) memcpy(out + 1, &v->u.f, 8);
+    else if (v->kind == V_INT || v->kind == V_OBJ) memcpy(out + 1, &v->u.i, 8);
+}
+
+/* The id of the container ``kind`` ('l', 'd', 't') of ``items``, made once per distinct content; -1
+ * on error, -2: past the bounds (give up). */
+static long long intern_container(Walker *w, char kind, const Val *items, Py_ssize_t n) {
+    Buffer key = w->scratch; /* reused: no key is made while another is */
+    key.len = 0;
+    char one[9];
+    one[0] = kind;
+    if (buffer_reserve(&key, 1 + 9 * n) < 0) {
+        w->scratch = key;
+        return -1;
+    }
+    w->scratch = key;
+    buffer_put(&key, one, 1);
+    unsigned char depth = 0;
+    long long nodes = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        key_of(&items[i], one);
+        buffer_put(&key, one, 9); /* reserved above */
+        if (items[i].kind == V_OBJ) {
+            unsigned char d = meta_depth(w, items[i].u.i);
+            if (d > depth) depth = d;
+            nodes = shape_add(nodes, meta_nodes(w, items[i].u.i));
+        } else {
+            nodes = shape_add(nodes, 1);
+        }
+    }
+    depth++;
+    uint64_t h = fnv((const unsigned char *)key.data, key.len);
+    Py_ssize_t slot;
+    long long id = interner_find(&w->made, key.data, key.len, h, &slot);
+    if (id < 0) {
+        if (depth > w->max_depth || nodes > w->max_nodes) return -2;
+        PyObject *obj = kind == 'l' ? PyList_New(n) : kind == 't' ? PyTuple_New(n) : PyDict_New();
+        for (Py_ssize_t i = 0; obj != NULL && i < n; i++) {
+            PyObject *item = object_of(w, &items[i]);
+            if (item == NULL) Py_CLEAR(obj);
+            else if (kind == 'l') PyList_SetItem(obj, i, item);
+            else if (kind == 't') PyTuple_SetItem(obj, i, item);
+            else if (i % 2 == 0) { /* a key: set with its value */
+                PyObject *value = i + 1 < n ? object_of(w, &items[i + 1]) : NULL;
+                if (value == NULL || PyDict_SetItem(obj, item, value) < 0) Py_CLEAR(obj);
+                Py_XDECREF(value);
+                Py_DECREF(item);
+            } else {
+                Py_DECREF(item);
+            }
+        }
+        id = add_obj(w, obj, depth, WK_OTHER, nodes);
+        if (id >= 0 && interner_add(&w->made, key.data, key.len, h, id) < 0) id = -1;
+    }
+    return id;
+}
+
+/* Make an open list or dict final as it is put into another object; 0, -1 error, -2 give up. */
+static int settle(Walker *w, Val *v, int into_top) {
+    if (v->kind != V_OPEN) return 0;
+    Open *o = &w->opens[v->u.i];
+    if (o->done == 1) { /* made already, when it was fetched from the memo */
+        v->kind = V_OBJ;
+        v->u.i = o->final;
+        return 0;
+    }
+    if (o->done) return -2;
+    if (o->kind == 'E' && into_top) {
+        o->done = 2;
+        v->kind = V_ENTRIES;
+        return 0;
+    }
+    if (o->kind != 'l' && o->kind != 'd') return -2;
+    if (o->kind == 'd' && o->len % 2) return -2;
+    long long id = intern_container(w, o->kind, o->items, o->len);
+    if (id < 0) return (int)id;
+    PyMem_Free(o->items);
+    o->items = NULL;
+    o->done = 1;
+    o->final = id;
+    v->kind = V_OBJ;
+    v->u.i = id;
+    return 0;
+}
+
+static int open_put(Open *o, const Val *items, Py_ssize_t n) {
+    if (o->len + n > o->cap) {
+        Py_ssize_t cap = o->cap ? 2 * o->cap : 16;
+        while (cap < o->len + n) cap *= 2;
+        Val *grown = PyMem_Realloc(o->items, (size_t)cap * sizeof(Val));
+        if (grown == NULL) return -1;
+        o->items = grown;
+        o->cap = cap;
+    }
+    memcpy(o->items + o->len, items, (size_t)n * sizeof(Val));
+    o->len += n;
+    return 0;
+}
+
+/* A number field as the fast reader takes it (an int in 0..2**63-1); 0, or -2. */
+static int count_of(const Val *v, long long *out) {
+    if (v->kind != V_INT || v->u.i < 0) return -2;
+    *out = v->u.i;
+    return 0;
+}
+
+/* A time: None, 0 (unknown) or a positive int; -1 for None. */
+static int time_of(const Val *v, long long *out) {
+    if (v->kind == V_NONE) {
+        *out = -1;
+        return 0;
+    }
+    if (v->kind != V_INT || v->u.i < 0) return -2;
+    *out = v->u.i ? v->u.i : -1;
+    return 0;
+}
+
+/* The raw id of sizes, dtypes or frames: an object, or 0 (None). */
+static int raw_id_of(const Val *v, uint32_t *out) {
+    if (v->kind == V_NONE) {
+        *out = 0;
+        return 0;
+    }
+    if (v->kind != V_OBJ) return -2;
+    *out = (uint32_t)v->u.i;
+    return 0;
+}
+
+/* One entry dict (its items, key then value) as a row of the columns; 0, -1 error, -2 give up. */
+static int put_row(Walker *w, Open *o) {
+    const Val *fields[WK_KEYS] = {NULL};
+    for (Py_ssize_t i = 0; i + 1 < o->len; i += 2) {
+        const Val *k = &o->items[i];
+        if (k->kind == V_OBJ) {
+            unsigned char slot = meta_slot(w, k->u.i);
+            if (slot < WK_KEYS) fields[slot] = &o->items[i + 1]; /* a later equal key wins, as in a dict */
+            else if (slot != WK_OTHER && slot != WK_ENTRIES) return -2;
+            else if (meta_depth(w, k->u.i) != 0) return -2; /* a container as a key: unhashable, or odd */
+        } else if (k->kind == V_FLOAT) {
+            return -2;
+        }
+    }
+    /* gloo writes no duration (ProcessGroupGloo times nothing); a time or a duration missing is None, as
+     * in reader._read_entry; any other key missing: the Python reader's defaults decide */
+    static const Val none = {V_NONE, {.i = 0}};
+    for (int f = 6; f <= 8; f++)
+        if (fields[f] == NULL) fields[f] = &none;
+    for (int f = 0; f < WK_KEYS; f++)
+        if (fields[f] == NULL) return -2;
+    long long ints[WK_INT_COLUMNS];
+    for (int f = 0; f < 6; f++)
+        if (count_of(fields[f], &ints[f]) < 0) return -2;
+    if (time_of(fields[6], &ints[6]) < 0 || time_of(fields[7], &ints[7]) < 0) return -2;
+    const Val *d = fields[8];
+    /* reader._is_duration: a finite float, or an int a float holds; anything else is no duration */
+    double duration = d->kind == V_FLOAT && isfinite(d->u.f) ? d->u.f : d->kind == V_INT ? (double)d->u.i : NAN;
+    uint32_t ids[WK_ID_COLUMNS];
+    for (int f = 0; f < 5; f++)
+        if (raw_id_of(fields[9 + f], &ids[1 + f]) < 0) return -2;
+    /* the shape: fields 14 to 21, interned as one key */
+    char key[9 * 8];
+    for (int f = 0; f < 8; f++) key_of(fields[14 + f], key + 9 * f);
+    uint64_t h = fnv((const unsigned char *)key, sizeof key);
+    Py_ssize_t slot;
+    long long id = interner_find(&w->shapes, key, sizeof key, h, &slot);
+    if (id < 0) {
+        PyObject *shape = PyTuple_New(8);
+        for (int f = 0; shape != NULL && f < 8; f++) {
+            PyObject *item = object_of(w, fields[14 + f]);
+            if (item == NULL) Py_CLEAR(shape);
+            else PyTuple_SetItem(shape, f, item);
+        }
+        id = PyList_Size(w->shape_list);
+        if (shape == NULL || PyList_Append(w->shape_list, shape) < 0) id = -1;
+        Py_XDECREF(shape);
+        if (id < 0 || interner_add(&w->shapes, key, sizeof key, h, id) < 0) return -1;
+    }
+    ids[0] = (uint32_t)id;
+    if (w->rows == 0) w->first = w->last = ints[5];
+    if (ints[5] < w->first) w->first = ints[5];
+    for (int c = 5; c < 8; c++) /* a time of None is -1, below any */
+        if (ints[c] > w->last) w->last = ints[c];
+    for (int c = 0; c < WK_INT_COLUMNS; c++)
+        if (buffer_put(&w->cols[c], (const char *)&ints[c], 8) < 0) return -1;
+    if (buffer_put(&w->cols[WK_INT_COLUMNS], (const char *)&duration, 8) < 0) return -1;
+    for (int c = 0; c < WK_ID_COLUMNS; c++)
+        if (buffer_put(&w->cols[WK_INT_COLUMNS + 1 + c], (const char *)&ids[c], 4) < 0) return -1;
+    w->rows++;
+    return 0;
+}
+
+/* Put stack[from:] into the open container below (APPEND(S), SETITEM(S)); 0, -1, -2. */
+static int put_items(Walker *w, Py_ssize_t from, int dict) {
+    if (from < 1) return -2;
+    Val *target = &w->stack[from - 1];
+    if (target->kind != V_OPEN) return -2;
+    Open *o = &w->opens[target->u.i];
+    Py_ssize_t n = w->len - from;
+    if (o->done || (dict ? (o->kind != 'd' && o->kind != 'e') || n % 2 : o->kind != 'l' && o->kind != 'E'))
+        return -2;
+    int into_top = target->u.i == 0 && from - 1 == 0;
+    for (Py_ssize_t i = from; i < w->len; i++) {
+        Val *v = &w->stack[i];
+        if (o->kind == 'E') {
+            if (v->kind != V_OPEN || w->opens[v->u.i].kind != 'e') return -2;
+            Open *entry = &w->opens[v->u.i];
+            int r = put_row(w, entry);
+            if (r < 0) return r;
+            PyMem_Free(entry->items);
+            entry->items = NULL;
+            entry->done = 2;
+            continue;
+        }
+        int r = settle(w, v, into_top && dict && (i - from) % 2 == 1);
+        if (r < 0) return r;
+    }
+    if (o->kind != 'E' && open_put(o, w->stack + from, n) < 0) return -1;
+    w->len = from;
+    return 0;
+}
+
+/* A new list or dict, open until it is put into another object. */
+static int push_open(Walker *w, unsigned char kind) {
+    if (w->open_len == w->open_cap) {
+        Py_ssize_t cap = w->open_cap ? 2 * w->open_cap : 256;
+        Open *grown = PyMem_Realloc(w->opens, (size_t)cap * sizeof(Open));
+        if (grown == NULL) return -1;
+        w->opens = grown;
+        w->open_cap = cap;
+    }
+    w->opens[w->open_len] = (Open){kind, 0, -1, NULL, 0, 0};
+    Val v = {V_OPEN, {.i = w->open_len++}};
+    return push(w, v);
+}
+
+/* What kind a new list or dict is: the entries list is the value of "entries" in the top dict, an
+ * entry is a dict put into it. */
+static unsigned char kind_of_new(Walker *w, char kind) {
+    Py_ssize_t base = w->mark_len ? w->marks[w->mark_len - 1] : w->len;
+    if (kind == 'l') {
+        Py_ssize_t from = w->mark_len ? base : 1;
+        if (w->len >= 2 && w->stack[0].kind == V_OPEN && w->stack[0].u.i == 0 && w->opens[0].kind == 'd' &&
+            w->mark_len <= 1 && from == 1 &&
+            (w->len - from) % 2 == 1 && w->stack[w->len - 1].kind == V_OBJ &&
+            meta_slot(w, w->stack[w->len - 1].u.i) == WK_ENTRIES)
+            return 'E';
+        return 'l';
+    }
+    /* put by APPEND (the list right below it, a mark or not between) or by APPENDS from the mark */
+    if (w->len >= 1 && w->stack[w->len - 1].kind == V_OPEN && w->opens[w->stack[w->len - 1].u.i].kind == 'E')
+        return 'e';
+    if (base >= 1 && w->stack[base - 1].kind == V_OPEN && w->opens[w->stack[base - 1].u.i].kind == 'E') return 'e';
+    return 'd';
+}
+
+/* A str from UTF-8 (as the unpickler decodes it), with the slot of the key it is, if any; one id per
+ * distinct text (a pickler that memoises strings by object, as Python's does, writes equal ones again). */
+static int push_str(Walker *w, const char *text, Py_ssize_t n) {
+    Buffer key = w->scratch;
+    key.len = 0;
+    int failed = buffer_put(&key, "s", 1) < 0 || buffer_put(&key, text, n) < 0;
+    w->scratch = key;
+    if (failed) return -1;
+    uint64_t h = fnv((const unsigned char *)key.data, key.len);
+    Py_ssize_t where;
+    long long id = interner_find(&w->made, key.data, key.len, h, &where);
+    if (id < 0) {
+        PyObject *s = PyUnicode_DecodeUTF8(text, n, "surrogatepass");
+        if (s == NULL) return -2;
+        unsigned char slot = WK_OTHER;
+        for (int k = 0; k <= WK_KEYS; k++)
+            if (w->key_len[k] == n && memcmp(w->key_text[k], text, (size_t)n) == 0) slot = (unsigned char)k;
+        id = add_obj(w, s, 0, slot, 1);
+        if (id >= 0 && interner_add(&w->made, key.data, key.len, h, id) < 0) id = -1;
+    }
+    if (id < 0) return -1;
+    Val v = {V_OBJ, {.i = id}};
+    return push(w, v);
+}
+
+static int memo_put(Walker *w, unsigned long long index) {
+    if (w->len == 0) return -2;
+    /* PyTorch numbers memo entries one after another: a far index is no dump of it */
+    if (index > (unsigned long long)(2 * w->memo_count + 1024)) return -2;
+    if ((Py_ssize_t)index >= w->memo_cap) {
+        Py_ssize_t cap = w->memo_cap ? w->memo_cap : 1024;
+        while (cap <= (Py_ssize_t)index) cap *= 2;
+        Val *memo = PyMem_Realloc(w->memo, (size_t)cap * sizeof(Val));
+        if (memo == NULL) return -1;
+        w->memo = memo;
+        unsigned char *set = PyMem_Realloc(w->memo_set, (size_t)cap);
+        if (set == NULL) return -1;
+        memset(set + w->memo_cap, 0, (size_t)(cap - w->memo_cap));
+        w->memo_set = set;
+        w->memo_cap = cap;
+    }
+    if (!w->memo_set[index]) w->memo_count++;
+    w->memo_set[index] = 1;
+    w->memo[index] = w->stack[w->len - 1];
+    return 0;
+}
+
+#define TRY_SETTLE(call)       \
+    do {                       \
+        int r_ = (call);       \
+        if (r_ < 0) return r_; \
+    } while (0)
+
+static int memo_get(Walker *w, unsigned long long index) {
+    if ((Py_ssize_t)index >= w->memo_cap || !w->memo_set[index]) return -2;
+    Val v = w->memo[index];
+    /* PyTorch's pickler shares a list two fields hold (an op's input and output sizes): it is made
+     * final here, and may not grow after (as pickle_shape refuses); an entry is never shared */
+    if (v.kind == V_OPEN) TRY_SETTLE(settle(w, &v, 0));
+    return push(w, v);
+}
+
+/* Build a tuple of stack[from:]. */
+static int make_tuple(Walker *w, Py_ssize_t from) {
+    for (Py_ssize_t i = from; i < w->len; i++) {
+        int r = settle(w, &w->stack[i], 0);
+        if (r < 0) return r;
+    }
+    long long id = intern_container(w, 't', w->stack + from, w->len - from);
+    if (id < 0) return (int)id;
+    w->len = from;
+    Val v = {V_OBJ, {.i = id}};
+    return push(w, v);
+}
+
+/* LIST or DICT from the mark: an open container, filled at once. */
+static int make_from_mark(Walker *w, Py_ssize_t from, char kind) {
+    Py_ssize_t n = w->len - from;
+    if (kind == 'd' && n % 2) return -2;
+    for (Py_ssize_t i = from; i < w->len; i++) {
+        int r = settle(w, &w->stack[i], 0);
+        if (r < 0) return r;
+    }
+    long long id = intern_container(w, kind, w->stack + from, n);
+    if (id < 0) return (int)id;
+    w->len = from;
+    Val v = {V_OBJ, {.i = id}};
+    return push(w, v);
+}
+
+static Py_ssize_t pop_mark(Walker *w) { return w->mark_len ? w->marks[--w->mark_len] : -1; }
+
+/* Run the opcodes; 0 at STOP with the result on the stack, -1 error, -2 give up. */
+static int walk(Walker *w, const unsigned char *data, Py_ssize_t end) {
+    Py_ssize_t pos = 0;
+#define NEED(n)                                  \
+    do {                                         \
+        if ((n) < 0 || end - pos < (n)) return -2; \
+    } while (0)
+#define TRY(call)                \
+    do {                         \
+        int r_ = (call);         \
+        if (r_ < 0) return r_;   \
+    } while (0)
+    while (pos < end) {
+        unsigned char op = data[pos++];
+        Val v = {V_NONE, {.i = 0}};
+        switch (op) {
+        case 0x80: /* PROTO */
+            NEED(1);
+            if (data[pos++] > 5) return -2;
+            break;
+        case 0x95: /* FRAME */
+            NEED(8);
+            pos += 8;
+            break;
+        case '.': /* STOP */
+            if (w->len != 1 || w->mark_len) return -2;
+            return 0;
+        case '}': TRY(push_open(w, kind_of_new(w, 'd'))); break;
+        case ']': {
+            unsigned char kind = kind_of_new(w, 'l');
+            if (kind == 'E' && w->entries_seen++) return -2;
+            TRY(push_open(w, kind));
+            break;
+        }
+        case ')': TRY(make_tuple(w, w->len)); break;
+        case '(':
+            if (w->mark_len == w->mark_cap) {
+                Py_ssize_t cap = w->mark_cap ? 2 * w->mark_cap : 64;
+                Py_ssize_t *marks = PyMem_Realloc(w->marks, (size_t)cap * sizeof(Py_ssize_t));
+                if (marks == NULL) return -1;
+                w->marks = marks;
+                w->mark_cap = cap;
+            }
+            w->marks[w->mark_len++] = w->len;
+            break;
+        case 's': /* SETITEM */
+            if (w->len - (w->mark_len ? w->marks[w->mark_len - 1] : 0) < 3) return -2;
+            TRY(put_items(w, w->len - 2, 1));
+            break;
+        case 'a': /* APPEND */
+            if (w->len - (w->mark_len ? w->marks[w->mark_len - 1] : 0) < 2) return -2;
+            TRY(put_items(w, w->len - 1, 0));
+            break;
+        case 'u':
+        case 'e': { /* SETITEMS, APPENDS */
+            Py_ssize_t from = pop_mark(w);
+            if (from < 0) return -2;
+            TRY(put_items(w, from, op == 'u'));
+            break;
+        }
+        case 't': {
+            Py_ssize_t from = pop_mark(w);
+            if (from < 0) return -2;
+            TRY(make_tuple(w, from));
+            break;
+        }
+        case 'l':
+        case 'd': {
+            Py_ssize_t from = pop_mark(w);
+            if (from < 0) return -2;
+            TRY(make_from_mark(w, from, (char)op));
+            break;
+        }
+        case 0x85:
+        case 0x86:
+        case 0x87: {
+            Py_ssize_t n = op - 0x84;
+            if (w->len - (w->mark_len ? w->marks[w->mark_len - 1] : 0) < n) return -2;
+            TRY(make_tuple(w, w->len - n));
+            break;
+        }
+        case 'N': TRY(push(w, v)); break;
+        case 0x88: v.kind = V_TRUE; TRY(push(w, v)); break;
+        case 0x89: v.kind = V_FALSE; TRY(push(w, v)); break;
+        case 'K':
+            NEED(1);
+            v.kind = V_INT;
+            v.u.i = data[pos++];
+            TRY(push(w, v));
+            break;
+        case 'M':
+            NEED(2);
+            v.kind = V_INT;
+            v.u.i = (long long)little_endian(data + pos, 2);
+            pos += 2;
+            TRY(push(w, v));
+            break;
+        case 'J':
+            NEED(4);
+            v.kind = V_INT;
+            v.u.i = (int32_t)(uint32_t)little_endian(data + pos, 4);
+            pos += 4;
+            TRY(push(w, v));
+            break;
+        case 0x8a: { /* LONG1: a signed little-endian int of n bytes; up to 8 read here */
+            NEED(1);
+            int n = data[pos++];
+            NEED(n);
+            if (n > 8) return -2;
+            unsigned long long u = n ? little_endian(data + pos, n) : 0;
+            if (n && n < 8 && (data[pos + n - 1] & 0x80)) u |= ~0ULL << (8 * n);
+            pos += n;
+            v.kind = V_INT;
+            memcpy(&v.u.i, &u, 8);
+            TRY(push(w, v));
+            break;
+        }
+        case 'G': { /* BINFLOAT: big-endian IEEE 754 */
+            NEED(8);
+            uint64_t bits = 0;
+            for (int b = 0; b < 8; b++) bits = (bits << 8) | data[pos + b];
+            pos += 8;
+            v.kind = V_FLOAT;
+            memcpy(&v.u.f, &bits, 8);
+            TRY(push(w, v));
+            break;
+        }
+        case 0x8c:
+        case 'X':
+        case 0x8d: { /* SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 */
+            int width = op == 0x8c ? 1 : op == 'X' ? 4 : 8;
+            NEED(width);
+            unsigned long long n = little_endian(data + pos, width);
+            pos += width;
+            if (n > (unsigned long long)(end - pos)) return -2;
+            TRY(push_str(w, (const char *)data + pos, (Py_ssize_t)n));
+            pos += (Py_ssize_t)n;
+            break;
+        }
+        case 'q': NEED(1); TRY(memo_put(w, data[pos++])); break;
+        case 'r': NEED(4); TRY(memo_put(w, little_endian(data + pos, 4))); pos += 4; break;
+        case 0x94: TRY(memo_put(w, (unsigned long long)w->memo_count)); break;
+        case 'h': NEED(1); TRY(memo_get(w, data[pos++])); break;
+        case 'j': NEED(4); TRY(memo_get(w, little_endian(data + pos, 4))); pos += 4; break;
+        default: return -2; /* an opcode no dump of PyTorch's holds: the unpickler decides */
+        }
+    }
+    return -2; /* no STOP: truncated */
+#undef NEED
+#undef TRY
+}
+
+/* The walker's large arrays, kept from one call to the next: made anew for each file, they cost more
+ * in page faults than the walk itself. Safe without a lock: a call holds the GIL from start to end, and
+ * what it calls runs no Python code (it makes only str, int, float, list, tuple and dict). */
+static struct {
+    Val *stack, *memo;
+    unsigned char *memo_set;
+    Py_ssize_t cap, memo_cap;
+    Open *opens;
+    Py_ssize_t open_cap;
+    Buffer cols[WK_INT_COLUMNS + 1 + WK_ID_COLUMNS];
+} kept;
+
+static void walker_take(Walker *w) {
+    w->stack = kept.stack;
+    w->cap = kept.cap;
+    w->memo = kept.memo;
+    w->memo_set = kept.memo_set;
+    w->memo_cap = kept.memo_cap;
+    if (w->memo_set != NULL) memset(w->memo_set, 0, (size_t)w->memo_cap);
+    w->opens = kept.opens;
+    w->open_cap = kept.open_cap;
+    for (int c = 0; c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) {
+        w->cols[c] = kept.cols[c];
+        w->cols[c].len = 0;
+    }
+    memset(&kept, 0, sizeof kept);
+}
+
+static void walker_free(Walker *w) {
+    for (Py_ssize_t i = 0; i < w->open_len; i++) PyMem_Free(w->opens[i].items);
+    kept.stack = w->stack;
+    kept.cap = w->cap;
+    kept.memo = w->memo;
+    kept.memo_set = w->memo_set;
+    kept.memo_cap = w->memo_cap;
+    kept.opens = w->opens;
+    kept.open_cap = w->open_cap;
+    for (int c = 0; c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) kept.cols[c] = w->cols[c];
+    PyMem_Free(w->marks);
+    Py_XDECREF(w->objs);
+    Py_XDECREF(w->shape_list);
+    Py_XDECREF(w->entries_list);
+    PyMem_Free(w->meta.data);
+    PyMem_Free(w->scratch.data);
+    interner_free(&w->made);
+    interner_free(&w->shapes);
+}
+
+PyDoc_STRVAR(pickle_columns_doc,
+             "pickle_columns(data, max_depth, max_nodes, keys) -> tuple | None\n\n"
+             "A dump's pickle read in one pass: (top dict; rows; columns, a tuple of bytes: 8 int64, duration\n"
+             "float64, shape and 5 raw ids uint32; shapes, a list of tuples of the 8 shape fields; objects, raw\n"
+             "id -> object; the empty list that stands in the top dict for the entries read as rows, or None;\n"
+             "the first creation time and the last time of any kind of the rows).\n"
+             "``keys`` are reader._FAST_KEYS and \"entries\". None: read this file the other way (see the\n"
+             "comment above walk()).");
+
+static PyObject *pickle_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("pickle_columns", nargs, 4)) return NULL;
+    if (!PyBytes_Check(args[0]) || !PyTuple_Check(args[3]) || PyTuple_Size(args[3]) != WK_KEYS + 1) {
+        PyErr_SetString(PyExc_TypeError, "pickle_columns(data: bytes, max_depth, max_nodes, keys: 23 str)");
+        return NULL;
+    }
+    Walker w;
+    memset(&w, 0, sizeof w);
+    w.max_depth = PyLong_AsLong(args[1]);
+    w.max_nodes = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    for (int k = 0; k <= WK_KEYS; k++) {
+        w.key_text[k] = PyUnicode_AsUTF8AndSize(PyTuple_GetItem(args[3], k), &w.key_len[k]);
+        if (w.key_text[k] == NULL) return NULL;
+    }
+    char *text;
+    Py_ssize_t size;
+    if (PyBytes_AsStringAndSize(args[0], &text, &size) < 0) return NULL;
+    walker_take(&w);
+    w.objs = PyList_New(0);
+    w.shape_list = PyList_New(0);
+    PyObject *result = NULL;
+    /* raw id 0 is None: a field of sizes, dtypes or frames that is None */
+    int r = w.objs && w.shape_list && add_obj(&w, Py_NewRef(Py_None), 0, WK_OTHER, 1) == 0
+                ? walk(&w, (const unsigned char *)text, size)
+                : -1;
+    if (r == 0) r = settle(&w, &w.stack[0], 0);
+    if (r == 0 && (w.stack[0].kind != V_OBJ || !PyDict_Check(PyList_GetItem(w.objs, (Py_ssize_t)w.stack[0].u.i))))
+        r = -2;
+    if (r == 0) {
+        PyObject *columns = PyTuple_New(WK_INT_COLUMNS + 1 + WK_ID_COLUMNS);
+        for (int c = 0; columns != NULL && c < WK_INT_COLUMNS + 1 + WK_ID_COLUMNS; c++) {
+            PyObject *b = PyBytes_FromStringAndSize(w.cols[c].data ? w.cols[c].data : "", w.cols[c].len);
+            if (b == NULL) Py_CLEAR(columns);
+            else PyTuple_SetItem(columns, c, b);
+        }
+        if (columns != NULL)
+            result = Py_BuildValue("(OnNOOOLL)", PyList_GetItem(w.objs, (Py_ssize_t)w.stack[0].u.i), w.rows, columns,
+                                   w.shape_list, w.objs, w.entries_list ? w.entries_list : Py_None, w.first, w.last);
+        if (result == NULL) r = -1;
+    }
+    walker_free(&w);
+    if (r == -2 || (r == -1 && result == NULL)) {
+        /* give up, also on an error from making an object (an unhashable key, memory): the unpickler
+         * says what is wrong */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+PyDoc_STRVAR(gather_doc, "gather(ids, table, width) -> bytes\n\n"
+                         "``table``'s item ``ids[i]`` for each i: ``ids`` uint32s, ``table`` items of ``width`` bytes\n"
+                         "(columns.gather in Python).");
+
+static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("gather", nargs, 3)) return NULL;
+    char *ids, *table;
+    Py_ssize_t ids_size, table_size, width = PyLong_AsSsize_t(args[2]);
+    if ((width == -1 && PyErr_Occurred()) || PyBytes_AsStringAndSize(args[0], &ids, &ids_size) < 0 ||
+        PyBytes_AsStringAndSize(args[1], &table, &table_size) < 0)
+        return NULL;
+    if (width < 1 || width > 8 || ids_size % 4 || table_size % width) {
+        PyErr_SetString(PyExc_ValueError, "gather: ids of 4 bytes, a table of width 1 to 8");
+        return NULL;
+    }
+    Py_ssize_t count = ids_size / 4, items = table_size / width;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * width);
+    if (out == NULL) return NULL;
+    char *to = PyBytes_AsString(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if ((Py_ssize_t)id >= items) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_ValueError, "gather: an id past the table");
+            return NULL;
+        }
+        memcpy(to + width * i, table + width * (Py_ssize_t)id, (size_t)width);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(first_uses_doc, "first_uses(ids) -> list\n\n"
+                             "The distinct uint32s of ``ids`` in order of first use (list(dict.fromkeys(ids))).");
+
+static PyObject *first_uses(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("first_uses", nargs, 1)) return NULL;
+    char *ids;
+    Py_ssize_t size;
+    if (PyBytes_AsStringAndSize(args[0], &ids, &size) < 0) return NULL;
+    Py_ssize_t count = size / 4;
+    uint32_t top = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if (id > top) top = id;
+    }
+    unsigned char *seen = count ? PyMem_Calloc((size_t)top + 1, 1) : NULL;
+    if (count && seen == NULL) return PyErr_NoMemory();
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        uint32_t id;
+        memcpy(&id, ids + 4 * i, 4);
+        if (seen[id]) continue;
+        seen[id] = 1;
+        PyObject *number = PyLong_FromUnsignedLong(id);
+        if (number == NULL || PyList_Append(out, number) < 0) Py_CLEAR(out);
+        Py_XDECREF(number);
+    }
+    PyMem_Free(seen);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
+    {"first_uses", (PyCFunction)(void (*)(void))first_uses, METH_FASTCALL, first_uses_doc},
+    {"pickle_columns", (PyCFunction)(void (*)(void))pickle_columns, METH_FASTCALL, pickle_columns_doc},
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
      entries_from_columns_doc},
-    {"canonical_column", (PyCFunction)(void (*)(void))canonical_column, METH_FASTCALL, canonical_column_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},

@@ -33,10 +33,11 @@ from ..base.model import (
 from ..base.pools import process_pool
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import is_number, path_text, shown
+from .columns import JobTables, RankColumns, to_entries
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
-from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_rows
+from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_columns
 from .redact import Redactor, redact_dumps, redact_evidence, redact_problems
 from .runs import RankFile, Run, RunInfo, choose_run, find_runs, keeps_beside, left_out_notes, no_such_run
 from .stacks import parse_stacks
@@ -111,10 +112,6 @@ class Job:
 _Read = TypeVar("_Read")
 
 
-def _read_one(path: str, max_bytes: int = MAX_DUMP_BYTES) -> RankDump | LoadProblem:
-    return _problem_or(partial(read_dump, max_bytes=max_bytes), path)
-
-
 def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
     """``read(path)``, or the ``LoadProblem`` that says why it failed."""
     try:
@@ -126,41 +123,24 @@ def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
         return LoadProblem(path, f"unreadable dump ({type(error).__name__}: {str(error)[:120]})")
 
 
-# Entries cross from a reading process to the parent as columns, a tuple per field, and become
-# entries again in one C call each: pickling one object per entry costs several times as much.
-Packed = tuple[RankDump, list[tuple[object, ...]]]
+# Entries cross from a reading process to the parent as columns (``read.columns``): a few arrays and
+# small tables per rank, where pickling one object per entry would cost several times as much.
+Packed = tuple[RankDump, RankColumns]
 
 
 def _read_packed(path: str, max_bytes: int = MAX_DUMP_BYTES) -> Packed | LoadProblem:
     """In a reading process: read one dump, its entries as columns."""
-    result = _problem_or(partial(read_dump_rows, max_bytes=max_bytes), path)
-    if isinstance(result, LoadProblem):
-        return result
-    dump, rows = result
-    return dump, list(zip(*rows, strict=True))
+    return _problem_or(partial(read_dump_columns, max_bytes=max_bytes), path)
 
 
-# Fields whose values repeat across ranks (names, sizes, dtypes, stacks): the reading processes each
-# make their own copy, which the parent makes one object again, so that ranks compare by identity.
-_SHARED_FIELDS = tuple(
-    Entry._fields.index(name)
-    for name in (
-        "group_name", "group_desc", "backend", "op", "p2p_local", "input_sizes", "output_sizes", "input_dtypes",
-        "output_dtypes", "state", "thread_id", "thread_name", "frames",
-    )
-)  # fmt: skip
-
-
-def _unpack(packed: Packed | LoadProblem, canonical: dict[object, object]) -> RankDump | LoadProblem:
-    """In the parent: a dump from what a reading process sent, its repeated values made ``canonical``'s."""
+def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadProblem:
+    """In the parent: a dump from what a reading process sent, its tables merged into the job's (so that
+    ranks share one object per name, size, dtype list or stack) and its entries made from its columns."""
     if isinstance(packed, LoadProblem):
         return packed
-    dump, columns = packed
-    share = _speedups.canonical_column if _speedups is not None else _canonical_column
-    for index in _SHARED_FIELDS:
-        if index < len(columns):  # no columns at all when the dump has no entries
-            columns[index] = share(columns[index], canonical)
-    dump.entries = (_speedups.entries_from_columns if _speedups is not None else _entries_from_columns)(Entry, columns)
+    dump, rank_columns = packed
+    make = _speedups.entries_from_columns if _speedups is not None else _entries_from_columns
+    dump.entries = to_entries(tables.merge(rank_columns), make, tables.canonical)
     return dump
 
 
@@ -180,23 +160,6 @@ def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, .
     return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))
 
 
-def _canonical_column(column: tuple[object, ...], canonical: dict[object, object]) -> tuple[object, ...]:
-    """``column`` with each str and tuple in it replaced by the equal one ``canonical`` (value ->
-    itself, filled as it goes) already holds."""
-    by_id = dict(zip(map(id, column), column, strict=True))  # a column repeats a few values
-    shared = {key: _shared(value, canonical) for key, value in by_id.items()}
-    return tuple(map(shared.__getitem__, map(id, column)))
-
-
-def _shared(value: object, canonical: dict[object, object]) -> object:
-    if type(value) is not str and type(value) is not tuple:
-        return value
-    try:
-        return canonical.setdefault(value, value)
-    except TypeError:  # unhashable: it stays as it is
-        return value
-
-
 def read_files(
     paths: list[str],
     jobs: int = 1,
@@ -206,9 +169,10 @@ def read_files(
     """Read each file into a dump or a problem, in the order given, over ``jobs`` processes; files over
     ``max_bytes`` are refused unread."""
     canonical: dict[object, object] = {}
+    tables = JobTables(canonical)
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            result = _read_one(path, max_bytes)
+            result = _unpack(_problem_or(partial(read_dump_columns, max_bytes=max_bytes), path), tables)
             if progress:
                 progress(1)
             yield _share_configs(result, canonical)
@@ -221,7 +185,7 @@ def read_files(
                 done += 1
                 if progress:
                     progress(1)
-                yield _share_configs(_unpack(packed, canonical), canonical)
+                yield _share_configs(_unpack(packed, tables), canonical)
     except BrokenProcessPool:
         # A reading process died (the system ran out of memory, or it was killed): read the rest here.
         yield from read_files(paths[done:], 1, progress, max_bytes)

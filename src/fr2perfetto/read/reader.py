@@ -13,6 +13,7 @@ import operator
 import os
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..base.model import (
@@ -30,7 +31,10 @@ from ..base.model import (
 )
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import path_text, safe_text
-from .files import NotRegularFile, open_regular, parse_dump_name
+from . import columns
+from .columns import RankColumns
+from .files import DumpName, NotRegularFile, open_regular, parse_dump_name
+from .pickle_shape import MAX_DEPTH, max_nodes
 from .safe_pickle import RefusedPickle, loads_plain
 
 SUPPORTED_MAJOR_VERSIONS = (1, 2)
@@ -80,6 +84,100 @@ def read_dump_rows(path: str, max_bytes: int = MAX_DUMP_BYTES) -> tuple[RankDump
     rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
     dump.entries = []
     return dump, rows
+
+
+def read_dump_columns(
+    path: str, max_bytes: int = MAX_DUMP_BYTES, data: bytes | None = None
+) -> tuple[RankDump, RankColumns]:
+    """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump`` without entries, and its
+    entries as columns; raise ``DumpError``. A pickle is read in one pass by ``_speedups.pickle_columns``
+    where it can; any file it cannot read exactly as the Python reader does (see ``_speedups.c``) is read
+    by that reader, and its entries put in columns (``columns.from_entries``, the reference that the C
+    path is tested against)."""
+    name = _rank_name(path)
+    if data is None:
+        data = _read_file(path, max_bytes)
+    if data[:1] == b"\x80" and _speedups is not None:
+        walked = _speedups.pickle_columns(data, MAX_DEPTH, max_nodes(len(data)), _WALK_KEYS)
+        if walked is not None:
+            made = _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None)
+            if made is not None:
+                return made
+    dump = _read(path, data, as_rows=False, max_bytes=max_bytes)
+    rank_columns = columns.from_entries(dump.rank, dump.entries)
+    dump.entries = []
+    return dump, rank_columns
+
+
+def _from_walk(walked: tuple[Any, ...], rank: int, path: str, host: str | None) -> tuple[RankDump, RankColumns] | None:
+    """A dump and its columns from what ``pickle_columns`` read; None where the Python reader must read
+    it (a 1.x dump, an entry it would read otherwise)."""
+    top, rows, data, shapes, objects, read_as_rows, first, last = walked
+    entries = top.get("entries")
+    if entries is not read_as_rows and (rows or entries):
+        return None  # "entries" is not (only) the list read as rows: the Python reader says what it is
+    dump = normalise(top, rank=rank, path=path, host=host, file_format="pickle")
+    if dump.version.split(".")[0] != "2":
+        return None  # 1.x names groups by pg_config: the Python reader reads it
+    caches = _Caches()
+    try:
+        made = columns.from_raw(
+            rank, (rows, data, shapes, objects), partial(_shape_fields, rank=rank, caches=caches),
+            partial(_field, caches=caches),
+        )  # fmt: skip
+    except columns.GiveUp:
+        return None
+    dump.time_range = (first, last) if rows else None
+    dump.group_counts = columns.group_counts(made)
+    return dump, made
+
+
+def _shape_fields(shape: tuple[Any, ...], rank: int, caches: _Caches) -> tuple[Any, ...]:
+    """What ``_read_entry`` makes of an entry's repeating fields (``_SHAPE_KEYS``, ``shape``): (group,
+    op, peers, is_p2p, state, retired, timeout, thread); ``GiveUp`` where that depends on more than them
+    (a state inferred from the entry's times) or the entry would be skipped."""
+    item: dict[str, Any] = dict(_NEUTRAL)
+    item.update(zip(_FAST_KEYS[_SHAPE_KEYS], shape, strict=True))
+    state = item["state"]
+    if type(state) is not str or state not in _STATES:
+        raise columns.GiveUp("a state inferred from times")
+    try:
+        entry = _read_entry(item, rank, 2, {}, caches)
+    except _BadEntry as error:
+        raise columns.GiveUp(str(error)) from None
+    return (
+        (entry.group_name, entry.group_desc), (entry.backend, entry.op), entry.p2p_local, entry.is_p2p,
+        entry.state, entry.retired, entry.timeout_ms, (entry.thread_id, entry.thread_name),
+    )  # fmt: skip
+
+
+# Every field of an entry but its repeating ones, at values that make no difference to those.
+_NEUTRAL: dict[str, Any] = {
+    "record_id": 0, "pg_id": 0, "collective_seq_id": 0, "p2p_seq_id": 0, "op_id": 0, "time_created_ns": 0,
+    "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "duration_ms": None,
+    "input_sizes": [], "output_sizes": [], "input_dtypes": [], "output_dtypes": [], "frames": [],
+}  # fmt: skip
+
+
+def _field(name: str, value: Any, caches: _Caches) -> Any:
+    """What the reader makes of one entry's sizes, dtypes or frames (``columns.ID_COLUMNS``' names);
+    ``GiveUp`` where it would skip the entry."""
+    try:
+        if name == "frames":
+            return _frames(value, caches)
+        return (_sizes if name.endswith("sizes") else _dtypes)({name: value}, name)
+    except _BadEntry as error:
+        raise columns.GiveUp(str(error)) from None
+
+
+def _rank_name(path: str) -> DumpName:
+    """The rank and host from a dump's file name; ``DumpError`` where it does not tell."""
+    name = parse_dump_name(path)
+    if name is None:
+        raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
+    if name.rank >= MAX_RANK:
+        raise DumpError(f"rank {name.rank} (from the file name) is beyond the largest rank read, {MAX_RANK - 1}")
+    return name
 
 
 def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
@@ -640,6 +738,7 @@ _FAST_KEYS = (
     "profiling_name", "process_group", "state", "retired", "is_p2p", "timeout_ms", "thread_id", "thread_name",
 )  # fmt: skip
 _fast_values = operator.itemgetter(*_FAST_KEYS)
+_WALK_KEYS = (*_FAST_KEYS, "entries")  # what pickle_columns looks for: its field slots are their order
 _SHAPE_KEYS = slice(14, None)  # the fields an entry shares with most others of its rank
 
 

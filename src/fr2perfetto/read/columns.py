@@ -1,0 +1,281 @@
+"""A rank's entries as columns: fixed-width arrays, one value per entry, and ids into interned tables.
+
+Stage 1 of the columnar core (docs/scaling.md, "The columnar core"): the reader writes these, a reading
+process sends them to the parent, and the parent makes ``Entry`` objects from them (for now: later,
+entries are views of a row). Every column is the standard library's ``array``; None, where a field may
+be None, is a sentinel:
+
+=================  ==========  ===================================================================
+column             type        holds
+=================  ==========  ===================================================================
+record_id ...      int64 (q)   record id, pg id, collective seq, p2p seq, op id, created (ns)
+started            int64 (q)   discovered started (ns); ``NONE`` (-1) for None
+completed          int64 (q)   discovered completed (ns); ``NONE`` for None
+timeout            int64 (q)   timeout (ms); ``NONE`` for None
+duration           float64 (d) duration (ms); NaN for None
+state              uint8 (B)   index into ``STATES``
+retired, is_p2p    uint8 (B)   0 or 1
+p2p_src, p2p_dst   int32 (i)   a send's or recv's group-local source and destination; ``NONE``: no peers
+group ... frames   uint32 (I)  ids into the tables: groups (name, desc), ops (backend, op), threads
+                               (id, name), sizes (input and output), dtypes (input and output), stacks
+=================  ==========  ===================================================================
+
+The fields' meanings are the PyTorch writer's (torch/csrc/distributed/c10d/FlightRecorder.hpp, ``Entry``),
+as ``base.model.Entry`` documents them. A table's ids are given in order of first use, column by column
+in ``ID_COLUMNS``' order: so the same entries always give the same bytes, whichever reader made them.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from typing import Any
+
+from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry
+from ..base.speedups import SPEEDUPS as _speedups
+
+NONE = -1  # None in an int column: no time, timeout or peer of a real op is negative
+STATES = (SCHEDULED, STARTED, COMPLETED)
+_STATE_INDEX = {state: index for index, state in enumerate(STATES)}
+
+INT_COLUMNS = ("record_id", "pg_id", "collective_seq", "p2p_seq", "op_id", "created", "started", "completed")
+# id column -> the table it indexes
+ID_COLUMNS = {
+    "group": "groups", "op": "ops", "thread": "threads", "input_sizes": "sizes", "output_sizes": "sizes",
+    "input_dtypes": "dtypes", "output_dtypes": "dtypes", "frames": "stacks",
+}  # fmt: skip
+TABLES = ("groups", "ops", "threads", "sizes", "dtypes", "stacks")
+_TYPES = {
+    **dict.fromkeys(INT_COLUMNS, "q"), "timeout": "q", "duration": "d", "state": "B", "retired": "B",
+    "is_p2p": "B", "p2p_src": "i", "p2p_dst": "i", **dict.fromkeys(ID_COLUMNS, "I"),
+}  # fmt: skip
+COLUMNS = tuple(_TYPES)
+
+Tables = dict[str, list[Any]]
+
+
+@dataclass(slots=True)
+class RankColumns:
+    """One rank's entries as columns (``COLUMNS``, each an ``array``) and the tables its ids index."""
+
+    rank: int
+    columns: dict[str, array[Any]]
+    tables: Tables
+
+    def __len__(self) -> int:
+        return len(self.columns["record_id"])
+
+    def to_bytes(self) -> bytes:
+        """Every column's bytes, then the tables' repr: equal for equal columns (what the tests compare)."""
+        return b"".join(self.columns[name].tobytes() for name in COLUMNS) + repr(self.tables).encode()
+
+
+def _ids(values: Sequence[Any] | map[Any], table: dict[Any, int]) -> array[int]:
+    """Each value's id in ``table`` (value -> id, filled in order of first use)."""
+    return array("I", [table.setdefault(value, len(table)) for value in values])
+
+
+def _nones(values: Sequence[int | None]) -> array[int]:
+    return array("q", [NONE if value is None else value for value in values])
+
+
+def from_entries(rank: int, entries: Sequence[Entry]) -> RankColumns:
+    """The reference: columns of entries the Python reader made (every one's ``closed_by`` None)."""
+    tables: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
+    fields = list(zip(*entries, strict=True)) if entries else [()] * len(Entry._fields)
+    get = dict(zip(Entry._fields, fields, strict=True))
+    peers = get["p2p_local"]
+    columns: dict[str, array[Any]] = {
+        "record_id": array("q", get["record_id"]), "pg_id": array("q", get["pg_id"]),
+        "collective_seq": array("q", get["collective_seq"]), "p2p_seq": array("q", get["p2p_seq"]),
+        "op_id": array("q", get["op_id"]), "created": array("q", get["time_created_ns"]),
+        "started": _nones(get["time_started_ns"]), "completed": _nones(get["time_completed_ns"]),
+        "timeout": _nones(get["timeout_ms"]),
+        "duration": array("d", [math.nan if d is None else d for d in get["duration_ms"]]),
+        "state": array("B", map(_STATE_INDEX.__getitem__, get["state"])),
+        "retired": array("B", get["retired"]), "is_p2p": array("B", get["is_p2p"]),
+        "p2p_src": array("i", [NONE if p is None else p[0] for p in peers]),
+        "p2p_dst": array("i", [NONE if p is None else p[1] for p in peers]),
+    }  # fmt: skip
+    sources = {
+        "group": zip(get["group_name"], get["group_desc"], strict=True),
+        "op": zip(get["backend"], get["op"], strict=True),
+        "thread": zip(get["thread_id"], get["thread_name"], strict=True), "input_sizes": get["input_sizes"],
+        "output_sizes": get["output_sizes"], "input_dtypes": get["input_dtypes"],
+        "output_dtypes": get["output_dtypes"], "frames": get["frames"],
+    }  # fmt: skip
+    for name, table in ID_COLUMNS.items():
+        columns[name] = _ids(list(sources[name]), tables[table])
+    return RankColumns(rank, columns, {name: list(table) for name, table in tables.items()})
+
+
+class GiveUp(Exception):
+    """What the C reader read cannot be put in columns as the Python reader would: read it that way."""
+
+
+def from_raw(
+    rank: int,
+    raw: tuple[int, tuple[bytes, ...], list[tuple[Any, ...]], list[Any]],
+    normalise_shape: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+    normalise_field: Callable[[str, Any], Any],
+) -> RankColumns:
+    """Columns from what ``_speedups.pickle_columns`` read: its numbers as they are, each distinct shape
+    (the repeating fields, ``reader._SHAPE_KEYS``) and sizes, dtypes or stack made what the Python reader
+    makes of it by ``normalise_shape`` and ``normalise_field`` (which raise ``GiveUp``), ids renumbered
+    as ``from_entries`` numbers them. Array work is done by ``gather`` and ``first_uses``, in C."""
+    rows, data, shapes, objects = raw
+    columns = {name: _from_bytes("q", chunk) for name, chunk in zip(INT_COLUMNS, data[:8], strict=True)}
+    columns["duration"] = _from_bytes("d", data[8])
+    shape_ids, *raw_ids = data[9:]
+    # made: (group, op, peers, is_p2p, state, retired, timeout, thread), one per shape
+    made = [normalise_shape(shape) for shape in shapes]
+    per_shape = {
+        "timeout": array("q", [NONE if m[6] is None else m[6] for m in made]),
+        "state": array("B", [_STATE_INDEX[m[4]] for m in made]),
+        "retired": array("B", [m[5] for m in made]),
+        "is_p2p": array("B", [m[3] for m in made]),
+        "p2p_src": array("i", [NONE if m[2] is None else m[2][0] for m in made]),
+        "p2p_dst": array("i", [NONE if m[2] is None else m[2][1] for m in made]),
+    }
+    for name, values in per_shape.items():
+        columns[name] = _from_bytes(values.typecode, _gather(shape_ids, values.tobytes(), values.itemsize))
+    tables: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
+    for name, index in (("group", 0), ("op", 1), ("thread", 7)):
+        columns[name] = _renumbered(shape_ids, [m[index] for m in made].__getitem__, tables[ID_COLUMNS[name]])
+    fields = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
+    for name, ids in zip(fields, raw_ids, strict=True):
+        value_of = partial(_field_value, normalise_field, name, objects)
+        columns[name] = _renumbered(ids, value_of, tables[ID_COLUMNS[name]])
+    if any(len(column) != rows for column in columns.values()):
+        raise GiveUp("columns of different lengths")
+    ordered = {name: columns[name] for name in COLUMNS}
+    return RankColumns(rank, ordered, {name: list(table) for name, table in tables.items()})
+
+
+def _field_value(normalise_field: Callable[[str, Any], Any], name: str, objects: list[Any], raw_id: int) -> Any:
+    """The value of field ``name`` the raw id stands for (raw id 0 is None), as the reader makes it."""
+    return normalise_field(name, objects[raw_id])
+
+
+def _from_bytes(kind: str, chunk: bytes) -> array[Any]:
+    column = array(kind)
+    column.frombytes(chunk)
+    return column
+
+
+def gather(ids: bytes, table: bytes, width: int) -> bytes:
+    """``table``'s item ``ids[i]`` (``width`` bytes each) for each uint32 of ``ids``; ``_speedups.gather``."""
+    return b"".join(table[width * i : width * i + width] for i in _from_bytes("I", ids))
+
+
+def first_uses(ids: bytes) -> list[int]:
+    """The distinct uint32s of ``ids`` in order of first use; ``_speedups.first_uses``."""
+    return list(dict.fromkeys(_from_bytes("I", ids)))
+
+
+_gather = gather if _speedups is None else _speedups.gather
+_first_uses = first_uses if _speedups is None else _speedups.first_uses
+
+
+def _renumbered(raw: bytes, value_of: Callable[[int], Hashable], table: dict[Any, int]) -> array[int]:
+    """``raw`` ids (uint32 bytes) as ids into ``table`` of their values (``value_of``), given in order of
+    first use."""
+    uses = _first_uses(raw)
+    remap = array("I", bytes(4 * (max(uses, default=0) + 1)))
+    for raw_id in uses:
+        remap[raw_id] = table.setdefault(value_of(raw_id), len(table))
+    return _from_bytes("I", _gather(raw, remap.tobytes(), 4))
+
+
+class JobTables:
+    """The job's tables, each value once: a rank's are merged in and its id columns remapped to them.
+    ``canonical`` (value -> itself) makes equal strings and tuples one object across ranks."""
+
+    def __init__(self, canonical: dict[object, object]) -> None:
+        self.canonical = canonical
+        self.ids: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
+        self.values: Tables = {name: [] for name in TABLES}
+
+    def _shared(self, value: Any) -> Any:
+        if type(value) is tuple and value and type(value[0]) is str:  # (name, desc) and such: each part too
+            value = tuple(self.canonical.setdefault(part, part) for part in value)
+        return self.canonical.setdefault(value, value)
+
+    def merge(self, rank: RankColumns) -> RankColumns:
+        """``rank`` with its id columns remapped to the job's tables (which take what they lack of its)."""
+        remaps = {}
+        for name in TABLES:
+            ids, values = self.ids[name], self.values[name]
+            remap = []
+            for value in rank.tables[name]:
+                known = ids.get(value)
+                if known is None:
+                    known = ids[value] = len(values)
+                    values.append(self._shared(value))
+                remap.append(known)
+            remaps[name] = remap
+        columns = dict(rank.columns)
+        for name, table in ID_COLUMNS.items():
+            remap = remaps[table]
+            if remap != list(range(len(remap))):
+                columns[name] = array("I", map(remap.__getitem__, columns[name]))
+        return RankColumns(rank.rank, columns, self.values)
+
+
+_BOOLS = (False, True)
+
+
+def _optional(column: array[int]) -> list[int | None]:
+    return [None if value == NONE else value for value in column]
+
+
+def to_entries(
+    rank: RankColumns, make: Callable[[type[Entry], list[tuple[Any, ...]]], list[Entry]], canonical: dict[Any, Any]
+) -> list[Entry]:
+    """``rank``'s entries, made by ``make`` (``entries_from_columns``) from a tuple per field; each pair of
+    peers ``canonical``'s (value -> itself), as every other tuple in them is the tables'."""
+    count = len(rank)
+    if not count:
+        return []
+    c, t = rank.columns, rank.tables
+    groups, ops, threads = t["groups"], t["ops"], t["threads"]
+    peers = [
+        None if src == NONE else canonical.setdefault((src, dst), (src, dst))
+        for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
+    ]
+    fields: list[Any] = [
+        repeat(rank.rank, count),
+        map([g[0] for g in groups].__getitem__, c["group"]),
+        map([g[1] for g in groups].__getitem__, c["group"]),
+        c["pg_id"], c["record_id"], c["collective_seq"], c["p2p_seq"], c["op_id"],
+        map([o[0] for o in ops].__getitem__, c["op"]),
+        map([o[1] for o in ops].__getitem__, c["op"]),
+        peers,
+        map(_BOOLS.__getitem__, c["is_p2p"]),
+        map(t["sizes"].__getitem__, c["input_sizes"]),
+        map(t["sizes"].__getitem__, c["output_sizes"]),
+        map(t["dtypes"].__getitem__, c["input_dtypes"]),
+        map(t["dtypes"].__getitem__, c["output_dtypes"]),
+        map(STATES.__getitem__, c["state"]),
+        map(_BOOLS.__getitem__, c["retired"]),
+        c["created"], _optional(c["started"]), _optional(c["completed"]),
+        [None if d != d else d for d in c["duration"]],
+        _optional(c["timeout"]),
+        map([h[0] for h in threads].__getitem__, c["thread"]),
+        map([h[1] for h in threads].__getitem__, c["thread"]),
+        map(t["stacks"].__getitem__, c["frames"]),
+        repeat(None, count),
+    ]  # fmt: skip
+    return make(Entry, [tuple(field) for field in fields])
+
+
+def group_counts(rank: RankColumns) -> dict[tuple[str, str], int]:
+    """``base.model.group_counts`` of the entries: how many name each (group name, desc)."""
+    counts = Counter(rank.columns["group"])
+    groups = rank.tables["groups"]
+    return {groups[group]: count for group, count in counts.items()}

@@ -1,0 +1,118 @@
+"""The reader's columns (``read.columns``): the C reader (``_speedups.pickle_columns``) writes, byte for
+byte, the columns and tables the reference writes from the Python reader's entries, on every sample;
+it leaves every file it cannot read so to that reader; and entries made from columns are the entries."""
+
+from __future__ import annotations
+
+import pickle
+from unittest import mock
+
+import pytest
+
+from fr2perfetto.base.speedups import SPEEDUPS
+from fr2perfetto.read import columns, reader
+from fr2perfetto.read.job import _entries_from_columns
+from fr2perfetto.read.reader import DumpError, read_dump, read_dump_columns
+
+from .conftest import ROOT
+
+SAMPLES = sorted(str(p) for p in (ROOT / "samples").glob("*/*/*") if p.is_file())
+needs_c = pytest.mark.skipif(SPEEDUPS is None, reason="the C speed-ups are not built")
+
+
+def columns_agree(path: str, data: bytes | None = None) -> columns.RankColumns | None:
+    """The columns ``read_dump_columns`` writes are the reference's for the Python reader's entries (or
+    both fail with the same one-line error); the columns, or None."""
+    try:
+        expected = read_dump(path, data)
+    except DumpError as error:
+        with pytest.raises(DumpError) as raised:
+            read_dump_columns(path, data=data)
+        assert str(raised.value) == str(error) and "\n" not in str(error)
+        return None
+    dump, made = read_dump_columns(path, data=data)
+    assert made.to_bytes() == columns.from_entries(expected.rank, expected.entries).to_bytes()
+    assert (dump.time_range, dump.group_counts) == (expected.time_range, expected.group_counts)
+    assert repr(columns.to_entries(made, _entries_from_columns, {})) == repr(expected.entries)
+    return made
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.split("samples/")[1])
+def test_every_sample_reads_to_the_same_columns(path: str):
+    columns_agree(path)
+    with mock.patch.object(reader, "_speedups", None):  # as FR2PERFETTO_NO_SPEEDUPS reads it
+        columns_agree(path)
+
+
+@needs_c
+def test_the_c_reader_reads_every_sample_pickle_of_2x_itself():
+    walked = []
+    for path in SAMPLES:
+        with open(path, "rb") as file:
+            data = file.read()
+        if data[:1] == b"\x80" and read_dump(path).version.startswith("2."):
+            made = SPEEDUPS.pickle_columns(data, 64, 10**8, reader._WALK_KEYS)
+            assert made is not None, path
+            walked.append(path)
+    assert len(walked) > 100
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x80\x02.",
+        b"\x80\x02}q\x00.",
+        b"\x80\x02]q\x00.",  # a list at the top
+        b"\x80\x02}q\x00(X\x07\x00\x00\x00entriesq\x01]q\x02h\x02au.",  # the entries list in itself
+        b"\x80\x02}(X\x07\x00\x00\x00entries](}(u}(ueu.",  # entries without a key
+        b"\x80\x02cos\nsystem\n(X\x02\x00\x00\x00idtR.",  # code: never run, by either reader
+        b"\x80\x02}q\x00(X\x01\x00\x00\x00a" + b"(" * 100 + b")" + b"\x85" * 100 + b"u.",  # nested deep
+        b"\x80\x02}q\xff",
+    ],
+)
+def test_odd_pickles_read_the_same_by_both_readers(data: bytes):
+    columns_agree("/odd/nccl_trace_rank_0", data)
+
+
+def _real(**changes: object) -> dict[str, object]:
+    """A real NCCL dump, decoded, with ``changes`` to its top dict."""
+    with open(ROOT / "samples" / "nccl" / "demo" / "nccl_trace_rank_1", "rb") as file:
+        dump = pickle.load(file)
+    return {**dump, **changes}
+
+
+def _odd_dumps() -> list[bytes]:
+    one_entry = pickle.dumps(_real(entries=_real()["entries"][:1]), protocol=2)  # APPEND, not APPENDS
+    # "entries" twice in the top dict: the later value (None) is the one the unpickler keeps
+    twice = pickle.dumps({**_real(), "zzzzzzz": None}, protocol=2).replace(b"zzzzzzz", b"entries")
+    states = _real()
+    states["entries"] = [{**entry, "state": "odd"} for entry in states["entries"]]  # inferred from times
+    return [one_entry, twice, pickle.dumps(states, protocol=2), pickle.dumps(_real(version="1.5"), protocol=2)]
+
+
+@pytest.mark.parametrize("data", _odd_dumps(), ids=["one entry", "entries twice", "odd state", "version 1"])
+def test_odd_layouts_read_the_same_by_both_readers(data: bytes):
+    columns_agree("/odd/nccl_trace_rank_1", data)
+
+
+def test_one_entry_without_later_times_has_its_creation_as_its_time_range():
+    dump = _real()
+    dump["entries"] = [
+        {**dump["entries"][0], "time_discovered_started_ns": None, "time_discovered_completed_ns": None}  # type: ignore[index]
+    ]
+    made = columns_agree("/odd/nccl_trace_rank_1", pickle.dumps(dump, protocol=2))
+    assert made is not None and len(made) == 1
+
+
+@needs_c
+def test_the_array_operations_are_the_same_in_c_and_python():
+    ids = bytes(columns.array("I", [3, 1, 3, 0, 2, 1]))
+    table = bytes(range(32))
+    for width in (1, 4, 8):
+        assert SPEEDUPS.gather(ids, table, width) == columns.gather(ids, table, width)
+    assert SPEEDUPS.first_uses(ids) == columns.first_uses(ids) == [3, 1, 0, 2]
+    assert SPEEDUPS.first_uses(b"") == columns.first_uses(b"") == []
+    with pytest.raises(ValueError, match="past the table"):
+        SPEEDUPS.gather(bytes(columns.array("I", [9])), table, 4)
