@@ -1745,9 +1745,11 @@ done:
  * object per entry: each list, tuple and dict outside the entries is made once per distinct content
  * (hash-consed on its items), and each entry becomes one row of fixed-width fields, with its repeating
  * fields (op, group, state, thread...: ``reader._SHAPE_KEYS``) one id into a table of their distinct
- * combinations. It knows only the opcodes PyTorch's pickler writes (torch/csrc/jit/serialization/
- * pickler.cpp, protocol 2) and the layout of ``FlightRecorder::dump`` (torch/csrc/distributed/c10d/
- * FlightRecorder*.cpp: a dict whose "entries" is a list of dicts). At anything else (another opcode,
+ * combinations. It knows only the opcodes PyTorch's pickler writes: c10d's ``pickle_str`` (beside
+ * ``new_dict``/``new_list`` in torch/csrc/distributed/c10d/, TraceUtils.h in older releases) runs a
+ * ``torch::jit::Pickler`` whose ``protocol()`` writes PROTO 2 (every dump starts 0x80 0x02), then
+ * ``pushIValue`` of the c10::Dict that ``FlightRecorder::dump`` builds, a dict whose "entries" is a
+ * list of dicts (torch/csrc/jit/serialization/pickler.cpp). At anything else (another opcode,
  * an object fetched from the memo before it is complete, a value of a type the fast reader does not
  * take, too deep or too many nodes, pickle_shape's bounds) it gives up and returns None, and the
  * caller reads the file as before: restricted unpickler, then the Python reader. So its result never
