@@ -81,6 +81,18 @@ def _error(message: str) -> None:
     err.print(Text.assemble(("error", "bold red"), ": ", shown(message)))
 
 
+def _chosen_format(as_json: bool, output_format: str) -> str:
+    """The verdict's format that ``--json`` and ``--format`` ask for together (text, markdown or json);
+    a format that is none of them, or ``--json`` beside another, ends the command with exit 2."""
+    if output_format not in ("text", "markdown", "json"):
+        _error(f"--format: {output_format!r} is none of text, markdown, json")
+        raise typer.Exit(EXIT_UNUSABLE)
+    if as_json and output_format not in ("text", "json"):
+        _error(f"--json and --format {output_format} ask for two formats: give one")
+        raise typer.Exit(EXIT_UNUSABLE)
+    return "json" if as_json else output_format
+
+
 def _warning(message: str) -> None:
     err.print(Text.assemble(("warning", "yellow"), ": ", shown(message)))
 
@@ -797,13 +809,7 @@ def watch_command(
     from .live import Hang, Settings, Status, WatchError, watch_job
     from .live.show import LiveLine, run_hook, show_hang
 
-    if output_format not in ("text", "markdown", "json"):
-        _error(f"--format: {output_format!r} is none of text, markdown, json")
-        raise typer.Exit(EXIT_UNUSABLE)
-    if as_json and output_format not in ("text", "json"):
-        _error(f"--json and --format {output_format} ask for two formats: give one")
-        raise typer.Exit(EXIT_UNUSABLE)
-    output_format = "json" if as_json else output_format
+    output_format = _chosen_format(as_json, output_format)
     command: list[str] = []
     if on_hang is not None:
         try:
@@ -929,13 +935,8 @@ def analyze(
     ] = False,
 ) -> None:
     """Name the rank, the process group and the op that hung the job, with the evidence."""
-    if output_format not in ("text", "markdown", "json"):
-        _error(f"--format: {output_format!r} is none of text, markdown, json")
-        raise typer.Exit(EXIT_UNUSABLE)
-    if as_json and output_format not in ("text", "json"):
-        _error(f"--json and --format {output_format} ask for two formats: give one")
-        raise typer.Exit(EXIT_UNUSABLE)
-    as_json = as_json or output_format == "json"
+    output_format = _chosen_format(as_json, output_format)
+    as_json = output_format == "json"
     plain = as_json or output_format == "markdown"
     rank_ranges = _rank_ranges(ranks)
     with gc_paused():

@@ -267,16 +267,7 @@ def ranks_on_page(page: bytes) -> dict[int, Url]:
     """Each rank's worker as a frontend page lists it: ``<h2>Rank <N>: http://host:port/handler/...</h2>``,
     ranks in order from 0 (as the page's template numbers them; a header that breaks the order, such as
     one inside a rank's answer, is not taken), each address checked."""
-    workers: dict[int, Url] = {}
-    for match in _RANK_HEADER.finditer(page):
-        rank = int(match.group(1))
-        if rank != len(workers) or rank >= MAX_RANKS:
-            continue
-        try:
-            workers[rank] = parse_url(match.group(2).decode("ascii"))
-        except (ValueError, UnicodeDecodeError):
-            break
-    return workers
+    return _numbered(((int(rank), address.decode("ascii", "replace")) for rank, address in _RANK_HEADER.findall(page)))
 
 
 def workers_gone(workers: dict[int, Url], timeout: float) -> bool:
@@ -294,13 +285,18 @@ def workers_gone(workers: dict[int, Url], timeout: float) -> bool:
 
 def workers_in_stacks(text: str) -> dict[int, Url]:
     """Each rank's worker as the debug server's periodic ``stacks_<time>.txt`` names it in its headers."""
+    return _numbered(((int(rank), address) for rank, address in _STACKS_HEADER.findall(text)))
+
+
+def _numbered(headers: Iterable[tuple[int, str]]) -> dict[int, Url]:
+    """The workers of (rank, address) headers in order from rank 0: a header that breaks the order is
+    passed over, and the first address that is no URL ends the list."""
     workers: dict[int, Url] = {}
-    for match in _STACKS_HEADER.finditer(text):
-        rank = int(match.group(1))
+    for rank, address in headers:
         if rank != len(workers) or rank >= MAX_RANKS:
             continue
         try:
-            workers[rank] = parse_url(match.group(2))
+            workers[rank] = parse_url(address)
         except ValueError:
             break
     return workers
