@@ -217,6 +217,36 @@ def test_sigterm_leaves_no_file_and_no_process(tmp_path: Path):
     assert not [pid for pid in children if _alive(pid)]
 
 
+@pytest.mark.parametrize("made_by", ["open", "mkdir"])
+def test_a_stop_just_after_a_scratch_path_is_made_leaves_nothing(
+    made_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The moment between making a partial file (or the writers' folder) and knowing it must go is
+    where a signal once left one behind: a stop there removes it too."""
+    from fr2perfetto.base import cleanup
+    from fr2perfetto.base.output import atomic_output
+
+    made = getattr(os, made_by)
+
+    def make_then_stop(path: Any, *args: Any) -> Any:
+        result = made(path, *args)
+        if ".fr2perfetto-" in str(path):
+            cleanup.abandon()  # what the signal handler does, before it ends the process
+            assert not os.path.exists(path)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(cleanup.os, made_by, make_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        if made_by == "open":
+            with atomic_output(str(tmp_path / "t.pftrace")):
+                pass
+        else:
+            with cleanup.scratch_folder(str(tmp_path), ".fr2perfetto-"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+
+
 def _children(pid: int) -> set[int]:
     found = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import IO
 
-from .base.cleanup import partial_path
+from .base.cleanup import scratch_folder
 from .base.gcpause import gc_paused
 from .base.model import OK, Entry, Finding, MatchedOp
 from .base.output import atomic_output
@@ -247,7 +247,7 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
     direct = isinstance(out, io.BufferedWriter)  # not a compressing stream: the first part needs no copy
     if direct:
         out.flush()  # what this process wrote comes first; it writes nothing more until that part is done
-    with tempfile.TemporaryDirectory(prefix=".fr2perfetto-", dir=folder) as scratch, partial_path(scratch):
+    with scratch_folder(folder, ".fr2perfetto-") as scratch:
         tasks = [
             (
                 processes[bounds[i] : bounds[i + 1]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,13 +21,52 @@ _paths: dict[str, None] = {}
 _process_sources: list[Callable[[], list[BaseProcess]]] = []
 
 
+def _fresh_name(folder: str, prefix: str, suffix: str) -> str:
+    return os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+
+
 @contextlib.contextmanager
-def partial_path(path: str) -> Iterator[None]:
-    """While the block runs, ``path`` (a file or folder) is removed if the command is stopped."""
-    _paths[path] = None
+def scratch_file(folder: str, prefix: str, suffix: str) -> Iterator[tuple[int, str]]:
+    """A new private file in ``folder`` (its descriptor and path), removed if the command is stopped
+    while the block runs. Registered before it is made, so no signal finds it made and unregistered;
+    the block moves or removes it, and only then is it forgotten."""
+    while True:
+        path = _fresh_name(folder, prefix, suffix)
+        _paths[path] = None
+        try:
+            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            break
+        except FileExistsError:
+            _paths.pop(path, None)
+        except BaseException:
+            _paths.pop(path, None)
+            raise
     try:
-        yield
+        yield handle, path
     finally:
+        _paths.pop(path, None)
+
+
+@contextlib.contextmanager
+def scratch_folder(folder: str, prefix: str) -> Iterator[str]:
+    """A new private folder in ``folder``, removed with what it holds when the block ends, or at once
+    if the command is stopped. Registered before it is made and forgotten only once it is removed, so
+    a signal at any moment finds it either registered or gone."""
+    while True:
+        path = _fresh_name(folder, prefix, "")
+        _paths[path] = None
+        try:
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            _paths.pop(path, None)
+        except BaseException:
+            _paths.pop(path, None)
+            raise
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
         _paths.pop(path, None)
 
 
