@@ -11,8 +11,7 @@ import pytest
 
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.read import columns, reader
-from fr2perfetto.read.job import _entries_from_columns
-from fr2perfetto.read.reader import DumpError, read_dump, read_dump_columns
+from fr2perfetto.read.reader import DumpError, entries_in_python, read_dump_columns, read_dump_reference
 
 from .conftest import ROOT
 
@@ -24,7 +23,7 @@ def columns_agree(path: str, data: bytes | None = None) -> columns.RankColumns |
     """The columns ``read_dump_columns`` writes are the reference's for the Python reader's entries (or
     both fail with the same one-line error); the columns, or None."""
     try:
-        expected = read_dump(path, data)
+        expected = read_dump_reference(path, data)
     except DumpError as error:
         with pytest.raises(DumpError) as raised:
             read_dump_columns(path, data=data)
@@ -33,7 +32,7 @@ def columns_agree(path: str, data: bytes | None = None) -> columns.RankColumns |
     dump, made = read_dump_columns(path, data=data)
     assert made.to_bytes() == columns.from_entries(expected.rank, expected.entries).to_bytes()
     assert (dump.time_range, dump.group_counts) == (expected.time_range, expected.group_counts)
-    assert repr(columns.to_entries(made, _entries_from_columns, {})) == repr(expected.entries)
+    assert repr(columns.to_entries(made, entries_in_python, {})) == repr(expected.entries)
     return made
 
 
@@ -50,7 +49,7 @@ def test_the_c_reader_reads_every_sample_pickle_of_2x_itself():
     for path in SAMPLES:
         with open(path, "rb") as file:
             data = file.read()
-        if data[:1] == b"\x80" and read_dump(path).version.startswith("2."):
+        if data[:1] == b"\x80" and read_dump_reference(path).version.startswith("2."):
             made = SPEEDUPS.pickle_columns(data, 64, 10**8, reader._WALK_KEYS)
             assert made is not None, path
             walked.append(path)

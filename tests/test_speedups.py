@@ -21,7 +21,7 @@ from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams, timeline
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.match import ops as match
-from fr2perfetto.read import job, reader
+from fr2perfetto.read import reader
 from fr2perfetto.render import perfetto as perfetto_writer
 from fr2perfetto.render.perfetto import PerfettoWriter
 
@@ -35,12 +35,12 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    for module in (reader, job, match, streams, timeline, perfetto_writer):
+    for module in (reader, match, streams, timeline, perfetto_writer):
         assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
 def _without_speedups(patch: pytest.MonkeyPatch) -> None:
-    for module in (reader, job, match, streams, timeline, perfetto_writer):
+    for module in (reader, match, streams, timeline, perfetto_writer):
         patch.setattr(module, "_speedups", None)
 
 
@@ -123,14 +123,16 @@ def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
         writer.slices(42, [Slice(NOW, None, SliceLook("queued", ()), _entry(), _entry())])  # an instant with facts
 
 
-def test_the_c_reader_reads_all_but_the_first_entry_of_each_kind(monkeypatch: pytest.MonkeyPatch):
+def test_the_c_reader_reads_a_dump_pytorch_wrote_without_the_python_reader(monkeypatch: pytest.MonkeyPatch):
+    if reader._speedups is None:
+        pytest.skip("built without the C speed-ups")
     calls = []
-    python_fast_path = reader._read_entry_fast
-    monkeypatch.setattr(reader, "_read_entry_fast", lambda *args: calls.append(1) or python_fast_path(*args))
+    python_reader = reader.read_dump_reference
+    monkeypatch.setattr(reader, "read_dump_reference", lambda *args: calls.append(1) or python_reader(*args))
     dump = reader.read_dump(str(SAMPLES / "nccl" / "straggler" / "nccl_trace_rank_0"))
-    assert len(dump.entries) == 30
-    # each kind of entry (op, group, state, stack...) is read once in Python, which teaches the C reader
-    assert 0 < len(calls) <= len({(e.op, e.group_name, e.state, e.frames) for e in dump.entries}) + 2
+    assert len(dump.entries) == 30 and calls == []
+    reader.read_dump(str(SAMPLES / "nccl" / "mixed_formats" / "nccl_trace_rank_1.json"))  # JSON: Python's to read
+    assert calls == [1]
 
 
 def test_entries_that_repeat_many_kinds_read_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
@@ -241,7 +243,7 @@ def test_entries_cross_from_columns_the_same_in_c_and_python():
     rows = [tuple(_entry(op_id=n, record_id=n, time_created_ns=NOW + n)) for n in range(5)]
     columns = list(zip(*rows, strict=True))
     made_in_c = SPEEDUPS.entries_from_columns(Entry, columns)
-    made_in_python = job._entries_from_columns(Entry, columns)
+    made_in_python = reader.entries_in_python(Entry, columns)
     assert made_in_c == made_in_python and [e.op_id for e in made_in_c] == [0, 1, 2, 3, 4]
     assert all(type(e) is Entry for e in made_in_c) and made_in_c[2].time_created_ns == NOW + 2
     assert SPEEDUPS.entries_from_columns(Entry, []) == []

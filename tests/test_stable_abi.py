@@ -17,7 +17,7 @@ from fr2perfetto import api
 from fr2perfetto.base.model import Entry
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams
-from fr2perfetto.read import job, reader
+from fr2perfetto.read import reader
 
 from .conftest import ROOT
 from .helpers import NOW
@@ -60,8 +60,6 @@ def test_entries_the_c_reader_makes_hash_as_python_makes_them(monkeypatch: pytes
     assert made_in_c == made_in_python and len(made_in_c) == 30
     assert all(type(e) is Entry and _hashes_as_python_makes_it(e) for e in made_in_c)
     assert {hash(e) for e in made_in_c} == {hash(e) for e in made_in_python}
-    _, rows = reader.read_dump_rows(path)  # plain tuples from C, as a reading process sends them
-    assert sum(type(row) is tuple for row in rows) > 20 and all(_hashes_as_python_makes_it(row) for row in rows)
 
 
 def test_entries_made_from_columns_hash_as_python_makes_them():
@@ -69,7 +67,7 @@ def test_entries_made_from_columns_hash_as_python_makes_them():
     rows = [tuple(_entry(op_id=n, record_id=n, time_created_ns=NOW + n)) for n in range(5)]
     made_in_c = SPEEDUPS.entries_from_columns(Entry, list(zip(*rows, strict=True)))
     assert all(_hashes_as_python_makes_it(e) for e in made_in_c)
-    assert set(made_in_c) == set(job._entries_from_columns(Entry, list(zip(*rows, strict=True))))
+    assert set(made_in_c) == set(reader.entries_in_python(Entry, list(zip(*rows, strict=True))))
 
 
 def test_slices_the_c_layout_makes_hash_as_python_makes_them(monkeypatch: pytest.MonkeyPatch):

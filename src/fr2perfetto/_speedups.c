@@ -3,17 +3,11 @@
  * Each function does exactly what a Python twin in fr2perfetto does, for the common case only, and
  * leaves every other case to that twin, so results never depend on which path ran:
  *
- * - read_rows() reads 2.x entries as reader._read_entry_fast does, for entries whose repeating fields
- *   (op, group, state, thread, sizes, dtypes, stack) the Python reader has already checked; it stops at
- *   the first entry that is not so and lets the Python reader take it. It only looks values up and
- *   compares types and ranges; it allocates only in proportion to what the dump already holds in
- *   memory and never indexes by a number the dump gives. The dump holds plain data (the unpickler
- *   allows nothing else), so nothing here runs Python code.
  * - pickle_columns() reads a dump's pickle in one pass into columns (read.columns), without an object
  *   per entry; it gives up on anything but what PyTorch's pickler writes (see its comment below).
  * - gather() and first_uses() are columns.gather and columns.first_uses, the array operations that turn
  *   what pickle_columns read into columns.
- * - entries_from_columns() is job._entries_from_columns: entries from the columns a reading process sent.
+ * - entries_from_columns() is reader.entries_from_columns: entries from the columns a reading process sent.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
  * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
@@ -99,80 +93,10 @@ static int takes(const char *function, Py_ssize_t nargs, Py_ssize_t expected) {
 
 /* ---- reading ------------------------------------------------------------------------------------- */
 
-#define FAST_KEY_COUNT 22
-
-/* 1 when value is an int (not a bool) in 0..2**63-1. */
-static int is_count(PyObject *value) {
-    if (!PyLong_CheckExact(value)) return 0;
-    int overflow = 0;
-    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow || (number == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    return number >= 0;
-}
-
 /* dict.get(key) as the Python reader does it: NULL (no error) when absent or unhashable. Borrowed. */
 static PyObject *lookup(PyObject *table, PyObject *key) {
     PyObject *found = PyDict_GetItemWithError(table, key);
     if (found == NULL) PyErr_Clear();
-    return found;
-}
-
-/* The last few keys looked up in one of the reader's caches and what they found. Entries repeat a few
- * sizes, dtypes, stacks and shapes over and over: a raw value that equals a recent key (as a dict
- * lookup compares, ``==``) finds the same, without making the key anew. The cache dicts only grow
- * while a dump is read, so a value found stays valid. */
-#define RECENT 4
-/* A recent key's items are read once, where it has at most this many, and compared from here after: the
- * stable ABI reads a tuple's items only through a call each. */
-#define KEPT 16
-typedef struct {
-    PyObject *keys[RECENT]; /* new references, or NULL */
-    PyObject *values[RECENT]; /* borrowed from the cache dict */
-    /* keys[i]'s items (borrowed from it: a tuple never changes), or for a stack the frames whose ids
-     * they are (addresses, compared and never read) */
-    PyObject *items[RECENT][KEPT];
-    Py_ssize_t sizes[RECENT]; /* len(keys[i]) where its items are kept, else -1 */
-    int ids; /* 1: the keys are tuples of id()s (stacks) */
-    int next;
-} Recent;
-
-typedef struct {
-    Recent shapes, sizes, dtypes, frames;
-} Recents;
-
-static void recent_clear(Recent *recent) {
-    for (int i = 0; i < RECENT; i++) Py_CLEAR(recent->keys[i]);
-}
-
-/* table.get(key) for a key just made (a new reference, consumed; NULL when it could not be made),
- * remembered in ``recent`` when found: the cached, already checked value, or NULL (no error). Borrowed. */
-static PyObject *cached(PyObject *table, PyObject *key, Recent *recent) {
-    if (key == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *found = lookup(table, key);
-    if (found == NULL) {
-        Py_DECREF(key);
-        return NULL;
-    }
-    int slot = recent->next;
-    recent->next = (slot + 1) % RECENT;
-    REPLACE_REF(recent->keys[slot], key);
-    recent->values[slot] = found;
-    Py_ssize_t size = PyTuple_CheckExact(key) ? LENGTH(key) : -1;
-    recent->sizes[slot] = size <= KEPT ? size : -1;
-    for (Py_ssize_t i = 0; recent->sizes[slot] >= 0 && i < size; i++) {
-        PyObject *item = PyTuple_GetItem(key, i);
-        recent->items[slot][i] = recent->ids ? (PyObject *)PyLong_AsVoidPtr(item) : item;
-        if (PyErr_Occurred()) { /* an id that is not one: the key is read from itself */
-            PyErr_Clear();
-            recent->sizes[slot] = -1;
-        }
-    }
     return found;
 }
 
@@ -184,261 +108,9 @@ static int same(PyObject *a, PyObject *b) {
     return equal > 0;
 }
 
-/* What is compared with a cached key: an entry's values (a C array), or a list or tuple of the dump's,
- * read item by item (the stable ABI gives no pointer to its items). */
-typedef struct {
-    PyObject *const *array; /* NULL: the items of ``sequence`` */
-    PyObject *sequence;
-    Py_ssize_t size;
-} Items;
-
-/* Item i of ``items``, borrowed; NULL (with an error set) only where a list shrank under us. */
-static inline PyObject *items_get(const Items *items, Py_ssize_t i) {
-    return items->array != NULL ? items->array[i] : item_at(items->sequence, i);
-}
-
-static int same_items(PyObject *raw, PyObject *key, int depth);
-
-/* 1 when ``items`` equal ``key`` (a tuple) item by item; when depth is 2, each item is a list or
- * tuple that equals the tuple at its place in ``key`` item by item. */
-static int same_array(const Items *items, PyObject *key, int depth) {
-    if (!PyTuple_CheckExact(key) || items->size != LENGTH(key)) return 0;
-    for (Py_ssize_t i = 0; i < items->size; i++) {
-        PyObject *expected = PyTuple_GetItem(key, i), *got = items_get(items, i);
-        if (got == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (!(depth > 1 ? same_items(got, expected, depth - 1) : same(got, expected))) return 0;
-    }
-    return 1;
-}
-
-/* 1 when ``raw`` (a list or tuple) equals ``key`` as same_array compares: what tuple(raw) (or, when
- * depth is 2, tuple(map(tuple, raw))) would equal. */
-static int same_items(PyObject *raw, PyObject *key, int depth) {
-    if (!PyList_CheckExact(raw) && !PyTuple_CheckExact(raw)) return 0;
-    Items items = {NULL, raw, LENGTH(raw)};
-    return same_array(&items, key, depth);
-}
-
-/* 1 when ``items`` equal the recent key in ``slot`` as same_array compares them. */
-static int same_as_recent(const Recent *recent, int slot, const Items *items, int depth) {
-    Py_ssize_t size = recent->sizes[slot];
-    if (size < 0) return same_array(items, recent->keys[slot], depth);
-    if (items->size != size) return 0;
-    PyObject *const *kept = recent->items[slot];
-    for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *got = items_get(items, i);
-        if (got == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (!(depth > 1 ? same_items(got, kept[i], depth - 1) : same(got, kept[i]))) return 0;
-    }
-    return 1;
-}
-
-/* The value a recent key equal to ``items`` (see same_array) found; NULL (no error) when none is.
- * Borrowed. */
-static PyObject *recent_match(Recent *recent, const Items *items, int depth) {
-    for (int i = 0; i < RECENT; i++)
-        if (recent->keys[i] != NULL && same_as_recent(recent, i, items, depth)) return recent->values[i];
-    return NULL;
-}
-
-/* tuple(map(tuple, value)) as a lookup key; NULL (no error) when an item is not iterable. New reference. */
-static PyObject *tuple_of_tuples(PyObject *value) {
-    Py_ssize_t size = LENGTH(value);
-    PyObject *key = PyTuple_New(size);
-    if (key == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *item = item_at(value, i);
-        PyObject *inner = item == NULL ? NULL : PySequence_Tuple(item);
-        if (inner == NULL) {
-            Py_DECREF(key);
-            return NULL;
-        }
-        PyTuple_SetItem(key, i, inner);
-    }
-    return key;
-}
-
-/* The cached sizes (depth 2) or dtypes (depth 1) for a list already read; NULL when not cached. Borrowed. */
-static PyObject *known_items(PyObject *table, Recent *recent, PyObject *value, int depth) {
-    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
-    Items items = {NULL, value, LENGTH(value)};
-    PyObject *found = recent_match(recent, &items, depth);
-    if (found != NULL) return found;
-    return cached(table, depth > 1 ? tuple_of_tuples(value) : PySequence_Tuple(value), recent);
-}
-
-/* The shared tuple of frames for a stack already read (reader._frames' cache); NULL when not cached.
- * Borrowed. An empty stack is the empty tuple. */
-static PyObject *known_frames(PyObject *frame_tuples, Recent *recent, PyObject *value, PyObject *empty) {
-    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) return NULL;
-    Py_ssize_t size = LENGTH(value);
-    if (size == 0) return empty;
-    for (int r = 0; r < RECENT; r++) { /* the same frame dicts as a recent stack: its frames */
-        PyObject *ids = recent->keys[r];
-        Py_ssize_t kept = recent->sizes[r], i = 0;
-        if (ids == NULL || (kept >= 0 ? kept : LENGTH(ids)) != size) continue;
-        if (kept >= 0)
-            while (i < size && recent->items[r][i] == item_at(value, i)) i++;
-        else
-            while (i < size && PyLong_AsVoidPtr(PyTuple_GetItem(ids, i)) == (void *)item_at(value, i)) i++;
-        if (i == size) return recent->values[r];
-    }
-    PyObject *ids = PyTuple_New(size);
-    for (Py_ssize_t i = 0; ids != NULL && i < size; i++) {
-        PyObject *item = item_at(value, i);
-        PyObject *id = item == NULL ? NULL : PyLong_FromVoidPtr(item);
-        if (id == NULL) Py_CLEAR(ids);
-        else PyTuple_SetItem(ids, i, id);
-    }
-    return cached(frame_tuples, ids, recent);
-}
-
-/* The remembered shape of an entry whose repeating fields are values[0:count]; NULL when not
- * remembered. Borrowed. */
-static PyObject *known_shape(PyObject *shapes, Recent *recent, PyObject *const *values, int count) {
-    Items items = {values, NULL, count};
-    PyObject *found = recent_match(recent, &items, 1);
-    if (found != NULL) return found;
-    PyObject *key = PyTuple_New(count);
-    for (int i = 0; key != NULL && i < count; i++) PyTuple_SetItem(key, i, Py_NewRef(values[i]));
-    return cached(shapes, key, recent);
-}
-
-/* One entry as reader._read_entry_fast reads it, but only when every repeating field is already in
- * the caches: a new row (a plain tuple of Entry's fields, or what ``maker`` makes), or NULL: with no
- * error set, not on the fast path. */
-static PyObject *read_row(PyObject *item, PyObject *rank, PyObject *const *keys, PyObject *shapes, PyObject *sizes,
-                          PyObject *dtypes, PyObject *frame_tuples, PyObject *empty, Recents *recents,
-                          const Maker *maker) {
-    PyObject *values[FAST_KEY_COUNT];
-    if (!PyDict_CheckExact(item)) return NULL;
-    for (int i = 0; i < FAST_KEY_COUNT; i++) {
-        values[i] = PyDict_GetItemWithError(item, keys[i]); /* borrowed: the dict keeps them alive */
-        if (values[i] == NULL) {
-            PyErr_Clear();
-            return NULL;
-        }
-    }
-    /* record_id, pg_id, collective_seq_id, p2p_seq_id, op_id, time_created_ns */
-    for (int i = 0; i < 6; i++)
-        if (!is_count(values[i])) return NULL;
-    PyObject *started = values[6], *completed = values[7], *duration = values[8];
-    if (started != Py_None && !is_count(started)) return NULL;
-    if (completed != Py_None && !is_count(completed)) return NULL;
-    if (duration != Py_None && !(PyFloat_CheckExact(duration) && isfinite(PyFloat_AsDouble(duration))))
-        return NULL;
-    for (int i = 9; i < 13; i++)
-        if (!PyList_CheckExact(values[i]) && !PyTuple_CheckExact(values[i])) return NULL;
-    /* retired, is_p2p, timeout_ms, thread_id, thread_name */
-    if (!PyBool_Check(values[17]) || !PyBool_Check(values[18]) || !PyLong_CheckExact(values[19]) ||
-        !PyUnicode_CheckExact(values[20]) || !PyUnicode_CheckExact(values[21]))
-        return NULL;
-    PyObject *shape = known_shape(shapes, &recents->shapes, values + 14, FAST_KEY_COUNT - 14);
-    if (shape == NULL || !PyTuple_CheckExact(shape) || LENGTH(shape) != 11) return NULL;
-    PyObject *sizes_in = known_items(sizes, &recents->sizes, values[9], 2);
-    PyObject *sizes_out = sizes_in == NULL ? NULL : known_items(sizes, &recents->sizes, values[10], 2);
-    PyObject *dtypes_in = sizes_out == NULL ? NULL : known_items(dtypes, &recents->dtypes, values[11], 1);
-    PyObject *dtypes_out = dtypes_in == NULL ? NULL : known_items(dtypes, &recents->dtypes, values[12], 1);
-    PyObject *frames = dtypes_out == NULL ? NULL : known_frames(frame_tuples, &recents->frames, values[13], empty);
-    if (frames == NULL) return NULL;
-    PyObject *zero_is_none[2] = {started, completed}; /* `started or None`: 0 means unknown */
-    for (int i = 0; i < 2; i++)
-        if (zero_is_none[i] != Py_None && PyObject_Not(zero_is_none[i]) == 1) zero_is_none[i] = Py_None;
-    PyObject *known[11]; /* the shape: what the entry's repeating fields were read as */
-    for (int i = 0; i < 11; i++) known[i] = PyTuple_GetItem(shape, i);
-    PyObject *const row[27] = {
-        rank, known[0], known[1], values[1], values[0], values[2], values[3], values[4], known[2],
-        known[3], known[4], known[5], sizes_in, sizes_out, dtypes_in, dtypes_out, known[6], known[7],
-        values[5], zero_is_none[0], zero_is_none[1], duration, known[8], known[9], known[10], frames, Py_None,
-    };
-    if (maker->type != NULL) return make(maker, row, 27);
-    /* a plain tuple in one call, not a call for each item */
-    return PyTuple_Pack(27, row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10],
-                        row[11], row[12], row[13], row[14], row[15], row[16], row[17], row[18], row[19], row[20],
-                        row[21], row[22], row[23], row[24], row[25], row[26]);
-}
-
-/* ``keys`` as the dump spells them: the key objects of its first entry where equal. A dump's pickle
- * holds each key once, so every entry's dict then finds them by identity, without comparing text. */
-static void own_keys(PyObject *entries, PyObject *const *keys, PyObject **out) {
-    for (int i = 0; i < FAST_KEY_COUNT; i++) out[i] = keys[i];
-    if (LENGTH(entries) == 0 || !PyDict_CheckExact(PyList_GetItem(entries, 0))) return;
-    PyObject *first = PyList_GetItem(entries, 0), *key, *value;
-    Py_ssize_t position = 0;
-    while (PyDict_Next(first, &position, &key, &value)) {
-        if (!PyUnicode_CheckExact(key)) continue;
-        for (int i = 0; i < FAST_KEY_COUNT; i++)
-            if (out[i] == keys[i] && key != keys[i] && PyUnicode_Compare(key, keys[i]) == 0) out[i] = key;
-    }
-}
-
-PyDoc_STRVAR(read_rows_doc,
-             "read_rows(entries, start, rank, keys, shapes, sizes, dtypes, frame_tuples, entry_type, out) -> int\n\n"
-             "Read entries[start:] as reader._read_entry_fast would, appending each row (made an\n"
-             "``entry_type`` when that is not None) to ``out``, up to the first entry whose repeating\n"
-             "fields are not cached yet; return that entry's index (len(entries) when none).");
-
-static PyObject *read_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("read_rows", nargs, 10)) return NULL;
-    PyObject *entries = args[0], *rank = args[2], *keys = args[3], *shapes = args[4], *sizes = args[5];
-    PyObject *dtypes = args[6], *frame_tuples = args[7], *entry_type = args[8], *out = args[9];
-    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
-    if (index == -1 && PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(entries) || !PyList_Check(out) || !PyDict_CheckExact(shapes) ||
-        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(dtypes) || !PyDict_CheckExact(frame_tuples) ||
-        !PyTuple_CheckExact(keys) || LENGTH(keys) != FAST_KEY_COUNT ||
-        (entry_type != Py_None && !(PyType_Check(entry_type) &&
-                                    PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type)))) {
-        PyErr_SetString(PyExc_TypeError, "read_rows: bad arguments");
-        return NULL;
-    }
-    PyObject *key_items[FAST_KEY_COUNT]; /* borrowed: the keys tuple holds them */
-    for (int i = 0; i < FAST_KEY_COUNT; i++)
-        if (!PyUnicode_CheckExact(key_items[i] = PyTuple_GetItem(keys, i))) {
-            PyErr_SetString(PyExc_TypeError, "read_rows: keys must be strings");
-            return NULL;
-        }
-    PyObject *empty = PyTuple_New(0);
-    if (empty == NULL) return NULL;
-    PyObject *keys_here[FAST_KEY_COUNT];
-    own_keys(entries, key_items, keys_here);
-    Recents recents = {0};
-    recents.frames.ids = 1;
-    Maker maker;
-    maker_for(&maker, entry_type == Py_None ? NULL : (PyTypeObject *)entry_type);
-    PyObject *result = NULL;
-    for (; index >= 0 && index < LENGTH(entries); index++) {
-        PyObject *item = PyList_GetItem(entries, index);
-        Py_INCREF(item);
-        PyObject *row =
-            read_row(item, rank, keys_here, shapes, sizes, dtypes, frame_tuples, empty, &recents, &maker);
-        Py_DECREF(item);
-        if (row == NULL && PyErr_Occurred()) goto finish;
-        if (row == NULL) break;
-        int appended = PyList_Append(out, row);
-        Py_DECREF(row);
-        if (appended < 0) goto finish;
-    }
-    result = PyLong_FromSsize_t(index);
-finish:
-    Py_DECREF(empty);
-    recent_clear(&recents.shapes);
-    recent_clear(&recents.sizes);
-    recent_clear(&recents.dtypes);
-    recent_clear(&recents.frames);
-    return result;
-}
-
 PyDoc_STRVAR(entries_from_columns_doc,
              "entries_from_columns(entry_type, columns) -> list\n\n"
-             "job._entries_from_columns: one ``entry_type`` (a tuple subclass) per row of ``columns``, a list\n"
+             "reader.entries_from_columns: one ``entry_type`` (a tuple subclass) per row of ``columns``, a list\n"
              "of equally long tuples, one per field.");
 
 static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -2626,7 +2298,6 @@ static PyMethodDef methods[] = {
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
     {"first_uses", (PyCFunction)(void (*)(void))first_uses, METH_FASTCALL, first_uses_doc},
     {"pickle_columns", (PyCFunction)(void (*)(void))pickle_columns, METH_FASTCALL, pickle_columns_doc},
-    {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL, read_rows_doc},
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
      entries_from_columns_doc},
     {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},

@@ -13,14 +13,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import repeat
 from typing import TypeVar
 
 from ..base.gcpause import gc_paused
 from ..base.model import (
     LOG_EXCEPTION,
     MAX_RANK,
-    Entry,
     Group,
     LoadProblem,
     LogEvent,
@@ -31,13 +29,12 @@ from ..base.model import (
     ranks_label,
 )
 from ..base.pools import process_pool
-from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import is_number, path_text, shown
 from .columns import JobTables, RankColumns, to_entries
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
-from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_columns
+from .reader import MAX_DUMP_BYTES, DumpError, entries_from_columns, read_dump, read_dump_columns
 from .redact import Redactor, redact_dumps, redact_evidence, redact_problems
 from .runs import RankFile, Run, RunInfo, choose_run, find_runs, keeps_beside, left_out_notes, no_such_run
 from .stacks import parse_stacks
@@ -139,8 +136,7 @@ def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadP
     if isinstance(packed, LoadProblem):
         return packed
     dump, rank_columns = packed
-    make = _speedups.entries_from_columns if _speedups is not None else _entries_from_columns
-    dump.entries = to_entries(tables.merge(rank_columns), make, tables.canonical)
+    dump.entries = to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical)
     return dump
 
 
@@ -153,11 +149,6 @@ def _share_configs(dump: RankDump | LoadProblem, canonical: dict[object, object]
             if config.ranks:
                 config.ranks = canonical.setdefault(config.ranks, config.ranks)  # type: ignore[assignment]
     return dump
-
-
-def _entries_from_columns(entry_type: type[Entry], columns: list[tuple[object, ...]]) -> list[Entry]:
-    """One entry per row of ``columns`` (a tuple per field), each made in one C call."""
-    return list(map(tuple.__new__, repeat(entry_type), zip(*columns, strict=True)))
 
 
 def read_files(

@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 from ..base.model import (
@@ -71,19 +72,24 @@ MAX_DUMP_BYTES = 1 << 30  # the largest file read as a dump by default (real one
 
 
 def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
-    """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump``; raise ``DumpError``."""
-    return _read(path, data, as_rows=False, max_bytes=max_bytes)
+    """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump`` with its entries; raise
+    ``DumpError``. Read as ``read_dump_columns`` reads it, its entries then made from the columns."""
+    dump, rank_columns = read_dump_columns(path, max_bytes, data)
+    tables = columns.JobTables({})
+    dump.entries = columns.to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical)
+    return dump
 
 
-def read_dump_rows(path: str, max_bytes: int = MAX_DUMP_BYTES) -> tuple[RankDump, list[tuple[Any, ...]]]:
-    """Like ``read_dump``, but each entry comes as a row of ``Entry``'s fields in order (a plain
-    tuple, or an ``Entry``), and the dump's own list of entries is empty: cheaper to pass between
-    processes.
-    """
-    dump = _read(path, None, as_rows=True, max_bytes=max_bytes)
-    rows: list[tuple[Any, ...]] = dump.entries  # type: ignore[assignment]
-    dump.entries = []
-    return dump, rows
+def entries_from_columns(entry_type: type[Entry], fields: list[tuple[object, ...]]) -> list[Entry]:
+    """One entry per row of ``fields`` (a tuple per field), in C where it is built."""
+    if _speedups is not None:
+        return _speedups.entries_from_columns(entry_type, fields)  # type: ignore[no-any-return]
+    return entries_in_python(entry_type, fields)
+
+
+def entries_in_python(entry_type: type[Entry], fields: list[tuple[object, ...]]) -> list[Entry]:
+    """``entries_from_columns`` without C: each entry made in one C call all the same."""
+    return list(map(tuple.__new__, repeat(entry_type), zip(*fields, strict=True)))
 
 
 def read_dump_columns(
@@ -103,7 +109,7 @@ def read_dump_columns(
             made = _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None)
             if made is not None:
                 return made
-    dump = _read(path, data, as_rows=False, max_bytes=max_bytes)
+    dump = read_dump_reference(path, data, max_bytes)
     rank_columns = columns.from_entries(dump.rank, dump.entries)
     dump.entries = []
     return dump, rank_columns
@@ -180,18 +186,16 @@ def _rank_name(path: str) -> DumpName:
     return name
 
 
-def _read(path: str, data: bytes | None, as_rows: bool, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
-    name = parse_dump_name(path)
-    if name is None:
-        raise DumpError("cannot tell the rank from the file name (expected a name ending in the rank, e.g. rank_7)")
-    if name.rank >= MAX_RANK:
-        raise DumpError(f"rank {name.rank} (from the file name) is beyond the largest rank read, {MAX_RANK - 1}")
+def read_dump_reference(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
+    """The reference reader, in Python alone: the restricted unpickler (or ``json``), then ``normalise``.
+    It reads what ``pickle_columns`` leaves to it, and the tests hold the C reader to it."""
+    name = _rank_name(path)
     if data is None:
         data = _read_file(path, max_bytes)
     raw, file_format = _decode(data)
     return normalise(
         raw, rank=name.rank, path=path_text(path), host=path_text(name.host) if name.host else None,
-        file_format=file_format, as_rows=as_rows,
+        file_format=file_format,
     )  # fmt: skip
 
 
@@ -314,12 +318,8 @@ def normalise(
     path: str,
     host: str | None,
     file_format: str,
-    as_rows: bool = False,
 ) -> RankDump:
-    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``.
-
-    With ``as_rows``, entries read on the fast path stay plain tuples of ``Entry``'s fields.
-    """
+    """Turn a decoded dump of any supported version into a ``RankDump``; raise ``DumpError``."""
     if "version" not in raw:
         raise DumpError("not a Flight Recorder dump (no 'version' key)")
     version = raw["version"]
@@ -340,24 +340,11 @@ def normalise(
     entries: list[Entry] = []
     skipped = 0
     first_reason = ""
-    read_rows = _speedups.read_rows if _speedups is not None and major == 2 else None
-    index, count = 0, len(raw_entries)
-    while index < count:
-        if read_rows is not None:
-            # C reads the run of entries whose repeating fields are cached, as _read_entry_fast would
-            index = read_rows(
-                raw_entries, index, rank, _FAST_KEYS, caches.shapes, caches.sizes, caches.dtypes,
-                caches.frame_tuples, None if as_rows else Entry, entries,
-            )  # fmt: skip
-            if index >= count:
-                break
-        item = raw_entries[index]
-        index += 1
+    for index, item in enumerate(raw_entries):
         try:
             row = _read_entry_fast(item, rank, caches) if major == 2 else None
             if row is not None:
-                # with as_rows a plain tuple of Entry's fields stands in for an Entry (see the docstring)
-                entries.append(row if as_rows else _new_tuple(Entry, row))  # type: ignore[arg-type]
+                entries.append(_new_tuple(Entry, row))
                 continue
             entry = _read_entry(item, rank, major, pg_config, caches)
             if major == 2:
@@ -365,7 +352,7 @@ def normalise(
             entries.append(entry)
         except _BadEntry as error:
             skipped += 1
-            first_reason = first_reason or f"entry {index - 1}: {error}"
+            first_reason = first_reason or f"entry {index}: {error}"
     if raw_entries and not entries:
         raise DumpError(f"no usable entry ({first_reason})")
     return RankDump(
