@@ -71,11 +71,12 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
     """Find every rank's blocking op and what it waits for, the ops queued behind them, and the clocks."""
     evidence = Evidence(job, ops, timed=_start_events_recorded(job), clocks=estimate_clocks(ops))
     no_dump = set(job.missing_ranks)
+    listed = _groups_listed(job) if no_dump else set()
     # rank -> unit -> (when the rank issued it, its waits); a unit is one op, or one batch of sends and
     # recvs, which completes only once all of them do: it waits for what any of them waits for
     units: dict[int, dict[int, tuple[int, list[Wait]]]] = {}
     for op in ops:
-        why = _why_pending(op, no_dump, evidence.timed) or _waits_on_lost_dump(job, op, no_dump)
+        why = _why_pending(op, no_dump, evidence.timed) or _waits_on_lost_dump(job, op, no_dump, listed)
         if why is None:
             continue
         reason, on, blocked = why
@@ -221,7 +222,9 @@ def _why_pending(op: MatchedOp, no_dump: set[int], timed: bool) -> tuple[str, tu
     return None
 
 
-def _waits_on_lost_dump(job: Job, op: MatchedOp, no_dump: set[int]) -> tuple[str, tuple[int, ...], list[int]] | None:
+def _waits_on_lost_dump(
+    job: Job, op: MatchedOp, no_dump: set[int], listed: set[str]
+) -> tuple[str, tuple[int, ...], list[int]] | None:
     """(``WAIT_NO_DUMP``, the members without a dump, the ranks still in it) for an op whose entries
     cannot say whether it completed (gloo's stay ``scheduled``), where a member left no dump and the
     ranks' own ``pg_status`` says they had not completed it when they dumped; None otherwise.
@@ -233,10 +236,10 @@ def _waits_on_lost_dump(job: Job, op: MatchedOp, no_dump: set[int]) -> tuple[str
     callback at the end), which the entry's ``op_id`` is too: an entry whose ``op_id`` is past the
     last completed and not past the last enqueued was still in flight on that rank. A failed op
     counts as completed there, so a rank that is still in it was still waiting."""
-    dumpless = tuple(r for r in op.unknown if r in no_dump)
-    if not dumpless and not _members_from_entries(job, op):
-        return None
     if not no_dump or op.status != OK:
+        return None  # checked first: it settles nearly every op of a job
+    dumpless = tuple(r for r in op.unknown if r in no_dump)
+    if not dumpless and op.group.name in listed:
         return None
     # A group known only from the entries under its name (gloo's pg_config lists no ranks) lacks the
     # members that left no dump: any of them may be the one it waits for.
@@ -253,11 +256,10 @@ def _waits_on_lost_dump(job: Job, op: MatchedOp, no_dump: set[int]) -> tuple[str
     return (WAIT_NO_DUMP, dumpless, waiting) if waiting else None
 
 
-def _members_from_entries(job: Job, op: MatchedOp) -> bool:
-    """Whether ``op``'s group is known only from the entries recorded under its name: no dump's
-    ``pg_config`` lists its members (gloo's lists none once subgroups exist)."""
-    name = op.group.name
-    return not any((config := dump.pg_config.get(name)) is not None and config.ranks for dump in job.dumps.values())
+def _groups_listed(job: Job) -> set[str]:
+    """The groups some dump's ``pg_config`` lists the members of; any other is known only from the
+    entries recorded under its name (gloo's lists none once subgroups exist)."""
+    return {name for dump in job.dumps.values() for name, config in dump.pg_config.items() if config.ranks}
 
 
 def _find_queued(evidence: Evidence, blocked_since: dict[int, int]) -> None:

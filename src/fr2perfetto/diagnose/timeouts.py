@@ -40,8 +40,14 @@ def find_late_entries(evidence: Evidence) -> list[CameLate]:
     once it is free, and the op they waited in ended just before (a stuck rank's ended long before)."""
     found: dict[object, CameLate] = {}
     clocks = evidence.clocks
+    offsets = [0, *clocks.offsets.values()]
+    # no two members of an op enqueued further apart than this can be late (the timeout, at least 1 ms,
+    # comes on top of the margin): that settles nearly every op on its raw times, unaligned
+    never_late_ns = MIN_MARGIN_NS - (max(offsets) - min(offsets))
     for op in evidence.ops:
         if op.kind != "collective" or len(op.entries) < 2 or op.group in found:
+            continue
+        if max(op.created_ns) - min(op.created_ns) <= never_late_ns:
             continue
         created = {rank: clocks.aligned(rank, when) for rank, when in zip(op.entries, op.created_ns, strict=True)}
         first_rank = min(created, key=created.__getitem__)

@@ -198,6 +198,8 @@ class JobTables:
 
     def __init__(self, canonical: dict[object, object]) -> None:
         self.canonical = canonical
+        # ids, seqs and timeouts, one int object per value: each repeats on every rank
+        self.ints: dict[int, int] = {}
         self.ids: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
         self.values: Tables = {name: [] for name in TABLES}
 
@@ -234,11 +236,19 @@ def _optional(column: array[int]) -> list[int | None]:
     return [None if value == NONE else value for value in column]
 
 
+def _shared_ints(column: array[int], ints: dict[int, int]) -> list[int]:
+    return list(map(ints.setdefault, column, column))
+
+
 def to_entries(
-    rank: RankColumns, make: Callable[[type[Entry], list[tuple[Any, ...]]], list[Entry]], canonical: dict[Any, Any]
+    rank: RankColumns,
+    make: Callable[[type[Entry], list[tuple[Any, ...]]], list[Entry]],
+    canonical: dict[Any, Any],
+    ints: dict[int, int] | None = None,
 ) -> list[Entry]:
     """``rank``'s entries, made by ``make`` (``entries_from_columns``) from a tuple per field; each pair of
-    peers ``canonical``'s (value -> itself), as every other tuple in them is the tables'."""
+    peers ``canonical``'s (value -> itself), as every other tuple in them is the tables', and each id,
+    seq and timeout ``ints``' (value -> itself) where given."""
     count = len(rank)
     if not count:
         return []
@@ -248,11 +258,12 @@ def to_entries(
         None if src == NONE else canonical.setdefault((src, dst), (src, dst))
         for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
     ]
+    shared = partial(_shared_ints, ints=ints if ints is not None else {})
     fields: list[Any] = [
         repeat(rank.rank, count),
         map([g[0] for g in groups].__getitem__, c["group"]),
         map([g[1] for g in groups].__getitem__, c["group"]),
-        c["pg_id"], c["record_id"], c["collective_seq"], c["p2p_seq"], c["op_id"],
+        *map(shared, (c["pg_id"], c["record_id"], c["collective_seq"], c["p2p_seq"], c["op_id"])),
         map([o[0] for o in ops].__getitem__, c["op"]),
         map([o[1] for o in ops].__getitem__, c["op"]),
         peers,
@@ -265,7 +276,7 @@ def to_entries(
         map(_BOOLS.__getitem__, c["retired"]),
         c["created"], _optional(c["started"]), _optional(c["completed"]),
         [None if d != d else d for d in c["duration"]],
-        _optional(c["timeout"]),
+        [None if timeout == NONE else timeout for timeout in shared(c["timeout"])],
         map([h[0] for h in threads].__getitem__, c["thread"]),
         map([h[1] for h in threads].__getitem__, c["thread"]),
         map(t["stacks"].__getitem__, c["frames"]),

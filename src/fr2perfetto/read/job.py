@@ -136,7 +136,7 @@ def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadP
     if isinstance(packed, LoadProblem):
         return packed
     dump, rank_columns = packed
-    dump.entries = to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical)
+    dump.entries = to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical, tables.ints)
     return dump
 
 

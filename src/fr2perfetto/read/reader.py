@@ -76,7 +76,7 @@ def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BY
     ``DumpError``. Read as ``read_dump_columns`` reads it, its entries then made from the columns."""
     dump, rank_columns = read_dump_columns(path, max_bytes, data)
     tables = columns.JobTables({})
-    dump.entries = columns.to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical)
+    dump.entries = columns.to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical, tables.ints)
     return dump
 
 
