@@ -11,7 +11,7 @@ import pytest
 
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.read import columns, reader
-from fr2perfetto.read.reader import DumpError, entries_in_python, read_dump_columns, read_dump_reference
+from fr2perfetto.read.reader import DumpError, read_dump_columns, read_dump_reference
 
 from .conftest import ROOT
 
@@ -32,7 +32,8 @@ def columns_agree(path: str, data: bytes | None = None) -> columns.RankColumns |
     dump, made = read_dump_columns(path, data=data)
     assert made.to_bytes() == columns.from_entries(expected.rank, expected.entries).to_bytes()
     assert (dump.time_range, dump.group_counts) == (expected.time_range, expected.group_counts)
-    assert repr(columns.to_entries(made, entries_in_python, {})) == repr(expected.entries)
+    assert repr(columns.to_entries(made, columns.entries_in_python)) == repr(expected.entries)
+    assert repr(columns.to_entries(made)) == repr(expected.entries)  # in C where it is built
     return made
 
 

@@ -21,7 +21,7 @@ from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams, timeline
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.match import ops as match
-from fr2perfetto.read import reader
+from fr2perfetto.read import columns, reader
 from fr2perfetto.render import perfetto as perfetto_writer
 from fr2perfetto.render.perfetto import PerfettoWriter
 
@@ -238,17 +238,26 @@ def test_the_command_that_builds_the_speedups_installs_from_where_fr2perfetto_ca
     assert command[7:] == [part.format(version=__version__) for part in source]
 
 
-def test_entries_cross_from_columns_the_same_in_c_and_python():
+def test_entries_are_made_from_columns_the_same_in_c_and_python():
     assert SPEEDUPS is not None
-    rows = [tuple(_entry(op_id=n, record_id=n, time_created_ns=NOW + n)) for n in range(5)]
-    columns = list(zip(*rows, strict=True))
-    made_in_c = SPEEDUPS.entries_from_columns(Entry, columns)
-    made_in_python = reader.entries_in_python(Entry, columns)
-    assert made_in_c == made_in_python and [e.op_id for e in made_in_c] == [0, 1, 2, 3, 4]
-    assert all(type(e) is Entry for e in made_in_c) and made_in_c[2].time_created_ns == NOW + 2
-    assert SPEEDUPS.entries_from_columns(Entry, []) == []
-    with pytest.raises(ValueError, match="one length"):
-        SPEEDUPS.entries_from_columns(Entry, [columns[0], columns[1][:3]])
+    rows = [_entry(op_id=n, record_id=n, time_created_ns=NOW + n, timeout_ms=None if n == 3 else 600_000)
+            for n in range(5)]  # fmt: skip
+    made = columns.from_entries(0, rows)
+    ints: dict[int, int] = {}
+    made_in_c = columns.to_entries(made, SPEEDUPS.entries_from_columns, {}, ints)
+    made_in_python = columns.to_entries(made, columns.entries_in_python, {}, {})
+    assert repr(made_in_c) == repr(made_in_python) == repr(rows) and [e.op_id for e in made_in_c] == [0, 1, 2, 3, 4]
+    assert all(type(e) is Entry for e in made_in_c) and made_in_c[3].timeout_ms is None
+    assert made_in_c[0].timeout_ms is made_in_c[4].timeout_ms is ints[600_000]  # one object per value
+    assert SPEEDUPS.entries_from_columns(Entry, 0, []) == []
+    for sources, error in (
+        ([("I", b"\x09\x00\x00\x00", ["only"])], IndexError),  # an id beyond its table
+        ([("q", b"\x00" * 7, None)], ValueError),  # a column of another length
+        ([("x", None, None)], ValueError),
+        ([("q", b"\x00" * 8, [])], ValueError),  # shared ints through something not a dict
+    ):
+        with pytest.raises(error):
+            SPEEDUPS.entries_from_columns(Entry, 1, sources)
 
 
 def test_the_partition_by_group_is_the_same_in_c_and_python():

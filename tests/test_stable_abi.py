@@ -17,7 +17,7 @@ from fr2perfetto import api
 from fr2perfetto.base.model import Entry
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams
-from fr2perfetto.read import reader
+from fr2perfetto.read import columns, reader
 
 from .conftest import ROOT
 from .helpers import NOW
@@ -64,10 +64,10 @@ def test_entries_the_c_reader_makes_hash_as_python_makes_them(monkeypatch: pytes
 
 def test_entries_made_from_columns_hash_as_python_makes_them():
     assert SPEEDUPS is not None
-    rows = [tuple(_entry(op_id=n, record_id=n, time_created_ns=NOW + n)) for n in range(5)]
-    made_in_c = SPEEDUPS.entries_from_columns(Entry, list(zip(*rows, strict=True)))
+    made = columns.from_entries(0, [_entry(op_id=n, record_id=n, time_created_ns=NOW + n) for n in range(5)])
+    made_in_c = columns.to_entries(made, SPEEDUPS.entries_from_columns)
     assert all(_hashes_as_python_makes_it(e) for e in made_in_c)
-    assert set(made_in_c) == set(reader.entries_in_python(Entry, list(zip(*rows, strict=True))))
+    assert set(made_in_c) == set(columns.to_entries(made, columns.entries_in_python))
 
 
 def test_slices_the_c_layout_makes_hash_as_python_makes_them(monkeypatch: pytest.MonkeyPatch):

@@ -7,7 +7,7 @@
  *   per entry; it gives up on anything but what PyTorch's pickler writes (see its comment below).
  * - gather() and first_uses() are columns.gather and columns.first_uses, the array operations that turn
  *   what pickle_columns read into columns.
- * - entries_from_columns() is reader.entries_from_columns: entries from the columns a reading process sent.
+ * - entries_from_columns() is columns.entries_in_python: entries made field by field from a rank's columns.
  * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
  *   latter for ops where every rank holds one entry).
  * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
@@ -109,45 +109,138 @@ static int same(PyObject *a, PyObject *b) {
 }
 
 PyDoc_STRVAR(entries_from_columns_doc,
-             "entries_from_columns(entry_type, columns) -> list\n\n"
-             "reader.entries_from_columns: one ``entry_type`` (a tuple subclass) per row of ``columns``, a list\n"
-             "of equally long tuples, one per field.");
+             "entries_from_columns(entry_type, count, sources) -> list\n\n"
+             "columns.entries_in_python: ``count`` entries of ``entry_type`` (a tuple subclass), field by field\n"
+             "from ``sources``, one (kind, data, extra) per field (see ``columns.Source``).");
+
+/* One field's source, read from its (kind, data, extra). */
+typedef struct {
+    char kind;
+    const char *data; /* the column's bytes (q, Q, d, I, B) */
+    PyObject *seq;    /* 'v': the values; I, B: the table */
+    PyObject *extra;  /* 'c': the value; q, Q: the dict of shared ints, or None */
+    Py_ssize_t table_len;
+} Source;
+
+static int source_of(PyObject *spec, Py_ssize_t count, Source *source) {
+    if (!PyTuple_CheckExact(spec) || LENGTH(spec) != 3) goto bad;
+    PyObject *kind = PyTuple_GetItem(spec, 0), *data = PyTuple_GetItem(spec, 1), *extra = PyTuple_GetItem(spec, 2);
+    const char *name = PyUnicode_Check(kind) ? PyUnicode_AsUTF8AndSize(kind, NULL) : NULL;
+    if (name == NULL || name[0] == 0 || name[1] != 0) goto bad;
+    source->kind = name[0];
+    source->extra = extra;
+    source->seq = NULL;
+    source->data = NULL;
+    Py_ssize_t width = 0;
+    switch (source->kind) {
+    case 'c': return 0;
+    case 'v':
+        if (!(PyList_CheckExact(data) || PyTuple_CheckExact(data)) || LENGTH(data) != count) goto bad;
+        source->seq = data;
+        return 0;
+    case 'q': case 'Q': case 'd': width = 8; break;
+    case 'I': width = 4; break;
+    case 'B': width = 1; break;
+    default: goto bad;
+    }
+    if (!PyBytes_CheckExact(data) || PyBytes_Size(data) != count * width) goto bad;
+    source->data = PyBytes_AsString(data);
+    if (source->kind == 'I' || source->kind == 'B') {
+        if (!(PyList_CheckExact(extra) || PyTuple_CheckExact(extra))) goto bad;
+        source->seq = extra;
+        source->table_len = LENGTH(extra);
+    } else if ((source->kind == 'q' || source->kind == 'Q') && extra != Py_None && !PyDict_CheckExact(extra)) {
+        goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "entries_from_columns: a source is not (kind, data, extra) of its kind");
+    return -1;
+}
+
+/* Row r of a source: a new reference, NULL with an error set. */
+static PyObject *source_value(const Source *source, Py_ssize_t r) {
+    switch (source->kind) {
+    case 'c': return Py_NewRef(source->extra);
+    case 'v': return Py_NewRef(item_at(source->seq, r));
+    case 'd': {
+        double value;
+        memcpy(&value, source->data + 8 * r, 8);
+        return value != value ? Py_NewRef(Py_None) : PyFloat_FromDouble(value);
+    }
+    case 'I': case 'B': {
+        size_t index;
+        if (source->kind == 'I') {
+            uint32_t id;
+            memcpy(&id, source->data + 4 * r, 4);
+            index = id;
+        } else {
+            index = (unsigned char)source->data[r];
+        }
+        if (index >= (size_t)source->table_len) {
+            PyErr_SetString(PyExc_IndexError, "entries_from_columns: an id beyond its table");
+            return NULL;
+        }
+        return Py_NewRef(item_at(source->seq, (Py_ssize_t)index));
+    }
+    default: break; /* q, Q */
+    }
+    long long value;
+    memcpy(&value, source->data + 8 * r, 8);
+    if (source->kind == 'Q' && value == -1) return Py_NewRef(Py_None);
+    PyObject *made = PyLong_FromLongLong(value);
+    if (made == NULL || source->extra == Py_None) return made;
+    PyObject *shared = PyDict_GetItemWithError(source->extra, made); /* borrowed */
+    if (shared != NULL) {
+        Py_DECREF(made);
+        return Py_NewRef(shared);
+    }
+    if (PyErr_Occurred() || PyDict_SetItem(source->extra, made, made) < 0) Py_CLEAR(made);
+    return made;
+}
 
 static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) ||
-        !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "entries_from_columns(entry_type, columns)");
+    if (!takes("entries_from_columns", nargs, 3)) return NULL;
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) ||
+        !PyLong_Check(args[1]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "entries_from_columns(entry_type, count, sources)");
         return NULL;
     }
-    PyTypeObject *entry_type = (PyTypeObject *)args[0];
-    PyObject *columns = args[1];
-    Py_ssize_t fields = LENGTH(columns), rows = fields ? -1 : 0;
-    for (Py_ssize_t f = 0; f < fields; f++) {
-        PyObject *column = PyList_GetItem(columns, f);
-        if (!PyTuple_CheckExact(column) || (rows >= 0 && LENGTH(column) != rows)) {
-            PyErr_SetString(PyExc_ValueError, "entries_from_columns: columns must be tuples of one length");
-            return NULL;
-        }
-        rows = LENGTH(column);
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "entries_from_columns: a negative count");
+        return NULL;
     }
-    /* the columns, held here (making an entry may run the garbage collector, and what it runs could
-     * change the list), then one row's items (borrowed from the columns) */
-    PyObject **held = PyMem_Calloc(fields ? 2 * (size_t)fields : 1, sizeof(PyObject *));
-    if (held == NULL) return PyErr_NoMemory();
-    PyObject **row = held + fields;
-    for (Py_ssize_t f = 0; f < fields; f++) held[f] = Py_NewRef(PyList_GetItem(columns, f));
+    /* the sources, held here as a tuple: making an entry may run the garbage collector, and what that
+     * runs could change the list; then one row's values (new references) */
+    PyObject *sources = PyList_AsTuple(args[2]);
+    if (sources == NULL) return NULL;
+    Py_ssize_t fields = LENGTH(sources);
+    Source *read = PyMem_Calloc(fields ? (size_t)fields : 1, sizeof(Source));
+    PyObject **row = PyMem_Calloc(fields ? (size_t)fields : 1, sizeof(PyObject *));
+    PyObject *entries = NULL;
+    if (read == NULL || row == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < fields; f++)
+        if (source_of(PyTuple_GetItem(sources, f), count, &read[f]) < 0) goto done;
     Maker maker;
-    maker_for(&maker, entry_type);
-    PyObject *entries = PyList_New(rows);
-    for (Py_ssize_t r = 0; entries != NULL && r < rows; r++) {
-        for (Py_ssize_t f = 0; f < fields; f++) row[f] = PyTuple_GetItem(held[f], r);
-        PyObject *entry = make(&maker, row, fields);
+    maker_for(&maker, (PyTypeObject *)args[0]);
+    entries = PyList_New(count);
+    for (Py_ssize_t r = 0; entries != NULL && r < count; r++) {
+        Py_ssize_t made = 0;
+        while (made < fields && (row[made] = source_value(&read[made], r)) != NULL) made++;
+        PyObject *entry = made == fields ? make(&maker, row, fields) : NULL;
+        for (Py_ssize_t f = 0; f < made; f++) Py_DECREF(row[f]);
         if (entry == NULL) Py_CLEAR(entries);
         else PyList_SetItem(entries, r, entry);
     }
-    for (Py_ssize_t f = 0; f < fields; f++) Py_DECREF(held[f]);
-    PyMem_Free(held);
+done:
+    PyMem_Free(read);
+    PyMem_Free(row);
+    Py_DECREF(sources);
     return entries;
 }
 

@@ -231,58 +231,98 @@ class JobTables:
 
 _BOOLS = (False, True)
 
+# Where one field of the entries comes from, for ``make_entries``: a kind, its data and one more thing.
+#   ("v", values, None)       the values, one per entry
+#   ("c", None, value)        the same value for every entry
+#   ("q", int64 bytes, ints)  each an int: one object per value through ``ints`` (value -> itself), if given
+#   ("Q", int64 bytes, ints)  the same, or None where the column holds ``NONE``
+#   ("d", float64 bytes, None) each a float, or None where the column holds NaN
+#   ("I", uint32 bytes, table), ("B", uint8 bytes, table)  each ``table[id]``
+Source = tuple[str, Any, Any]
+MakeEntries = Callable[[type[Entry], int, list[Source]], list[Entry]]
 
-def _optional(column: array[int]) -> list[int | None]:
-    return [None if value == NONE else value for value in column]
+
+def entries_in_python(entry_type: type[Entry], count: int, sources: list[Source]) -> list[Entry]:
+    """``count`` entries of ``entry_type``, field by field from ``sources`` (``Source``): what
+    ``_speedups.entries_from_columns`` does, and where the speed-ups are not built."""
+    fields: list[Any] = []
+    for kind, data, extra in sources:
+        if kind == "v":
+            fields.append(data)
+        elif kind == "c":
+            fields.append(repeat(extra, count))
+        elif kind in ("I", "B"):
+            fields.append(map(extra.__getitem__, array(kind, data)))
+        else:
+            values: Any = array("d" if kind == "d" else "q", data)
+            if kind == "d":
+                fields.append([None if value != value else value for value in values])
+                continue
+            if extra is not None:
+                values = list(map(extra.setdefault, values, values))
+            fields.append(values if kind == "q" else [None if value == NONE else value for value in values])
+    return list(map(tuple.__new__, repeat(entry_type), zip(*fields, strict=True)))
 
 
-def _shared_ints(column: array[int], ints: dict[int, int]) -> list[int]:
-    return list(map(ints.setdefault, column, column))
+def make_entries(entry_type: type[Entry], count: int, sources: list[Source]) -> list[Entry]:
+    """``entries_in_python``, in C where the speed-ups are built."""
+    if _speedups is not None:
+        return _speedups.entries_from_columns(entry_type, count, sources)  # type: ignore[no-any-return]
+    return entries_in_python(entry_type, count, sources)
 
 
 def to_entries(
     rank: RankColumns,
-    make: Callable[[type[Entry], list[tuple[Any, ...]]], list[Entry]],
-    canonical: dict[Any, Any],
+    make: MakeEntries = make_entries,
+    canonical: dict[Any, Any] | None = None,
     ints: dict[int, int] | None = None,
 ) -> list[Entry]:
-    """``rank``'s entries, made by ``make`` (``entries_from_columns``) from a tuple per field; each pair of
-    peers ``canonical``'s (value -> itself), as every other tuple in them is the tables', and each id,
-    seq and timeout ``ints``' (value -> itself) where given."""
+    """``rank``'s entries, made by ``make``; each pair of peers ``canonical``'s (value -> itself), as every
+    other tuple in them is the tables', and each id, seq and timeout ``ints``' (value -> itself)."""
     count = len(rank)
     if not count:
         return []
     c, t = rank.columns, rank.tables
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
+    canonical = {} if canonical is None else canonical
+    ints = {} if ints is None else ints
     peers = [
         None if src == NONE else canonical.setdefault((src, dst), (src, dst))
         for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
     ]
-    shared = partial(_shared_ints, ints=ints if ints is not None else {})
-    fields: list[Any] = [
-        repeat(rank.rank, count),
-        map([g[0] for g in groups].__getitem__, c["group"]),
-        map([g[1] for g in groups].__getitem__, c["group"]),
-        *map(shared, (c["pg_id"], c["record_id"], c["collective_seq"], c["p2p_seq"], c["op_id"])),
-        map([o[0] for o in ops].__getitem__, c["op"]),
-        map([o[1] for o in ops].__getitem__, c["op"]),
-        peers,
-        map(_BOOLS.__getitem__, c["is_p2p"]),
-        map(t["sizes"].__getitem__, c["input_sizes"]),
-        map(t["sizes"].__getitem__, c["output_sizes"]),
-        map(t["dtypes"].__getitem__, c["input_dtypes"]),
-        map(t["dtypes"].__getitem__, c["output_dtypes"]),
-        map(STATES.__getitem__, c["state"]),
-        map(_BOOLS.__getitem__, c["retired"]),
-        c["created"], _optional(c["started"]), _optional(c["completed"]),
-        [None if d != d else d for d in c["duration"]],
-        [None if timeout == NONE else timeout for timeout in shared(c["timeout"])],
-        map([h[0] for h in threads].__getitem__, c["thread"]),
-        map([h[1] for h in threads].__getitem__, c["thread"]),
-        map(t["stacks"].__getitem__, c["frames"]),
-        repeat(None, count),
+
+    def shared(name: str) -> Source:
+        return ("q", c[name].tobytes(), ints)
+
+    def looked_up(name: str, table: Sequence[Any]) -> Source:
+        return ("I", c[name].tobytes(), table)
+
+    sources: list[Source] = [
+        ("c", None, rank.rank),
+        looked_up("group", [g[0] for g in groups]),
+        looked_up("group", [g[1] for g in groups]),
+        shared("pg_id"), shared("record_id"), shared("collective_seq"), shared("p2p_seq"), shared("op_id"),
+        looked_up("op", [o[0] for o in ops]),
+        looked_up("op", [o[1] for o in ops]),
+        ("v", peers, None),
+        ("B", c["is_p2p"].tobytes(), _BOOLS),
+        looked_up("input_sizes", t["sizes"]),
+        looked_up("output_sizes", t["sizes"]),
+        looked_up("input_dtypes", t["dtypes"]),
+        looked_up("output_dtypes", t["dtypes"]),
+        ("B", c["state"].tobytes(), STATES),
+        ("B", c["retired"].tobytes(), _BOOLS),
+        ("q", c["created"].tobytes(), None),
+        ("Q", c["started"].tobytes(), None),
+        ("Q", c["completed"].tobytes(), None),
+        ("d", c["duration"].tobytes(), None),
+        ("Q", c["timeout"].tobytes(), ints),
+        looked_up("thread", [h[0] for h in threads]),
+        looked_up("thread", [h[1] for h in threads]),
+        looked_up("frames", t["stacks"]),
+        ("c", None, None),
     ]  # fmt: skip
-    return make(Entry, [tuple(field) for field in fields])
+    return make(Entry, count, sources)
 
 
 def group_counts(rank: RankColumns) -> dict[tuple[str, str], int]:

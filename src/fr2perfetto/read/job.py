@@ -30,11 +30,11 @@ from ..base.model import (
 )
 from ..base.pools import process_pool
 from ..base.text import is_number, path_text, shown
-from .columns import JobTables, RankColumns, to_entries
+from .columns import JobTables, RankColumns, make_entries, to_entries
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
-from .reader import MAX_DUMP_BYTES, DumpError, entries_from_columns, read_dump, read_dump_columns
+from .reader import MAX_DUMP_BYTES, DumpError, read_dump, read_dump_columns
 from .redact import Redactor, redact_dumps, redact_evidence, redact_problems
 from .runs import RankFile, Run, RunInfo, choose_run, find_runs, keeps_beside, left_out_notes, no_such_run
 from .stacks import parse_stacks
@@ -136,7 +136,7 @@ def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadP
     if isinstance(packed, LoadProblem):
         return packed
     dump, rank_columns = packed
-    dump.entries = to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical, tables.ints)
+    dump.entries = to_entries(tables.merge(rank_columns), make_entries, tables.canonical, tables.ints)
     return dump
 
 

@@ -14,7 +14,6 @@ import os
 import re
 from collections.abc import Callable
 from functools import partial
-from itertools import repeat
 from typing import Any
 
 from ..base.model import (
@@ -76,20 +75,8 @@ def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BY
     ``DumpError``. Read as ``read_dump_columns`` reads it, its entries then made from the columns."""
     dump, rank_columns = read_dump_columns(path, max_bytes, data)
     tables = columns.JobTables({})
-    dump.entries = columns.to_entries(tables.merge(rank_columns), entries_from_columns, tables.canonical, tables.ints)
+    dump.entries = columns.to_entries(tables.merge(rank_columns), columns.make_entries, tables.canonical, tables.ints)
     return dump
-
-
-def entries_from_columns(entry_type: type[Entry], fields: list[tuple[object, ...]]) -> list[Entry]:
-    """One entry per row of ``fields`` (a tuple per field), in C where it is built."""
-    if _speedups is not None:
-        return _speedups.entries_from_columns(entry_type, fields)  # type: ignore[no-any-return]
-    return entries_in_python(entry_type, fields)
-
-
-def entries_in_python(entry_type: type[Entry], fields: list[tuple[object, ...]]) -> list[Entry]:
-    """``entries_from_columns`` without C: each entry made in one C call all the same."""
-    return list(map(tuple.__new__, repeat(entry_type), zip(*fields, strict=True)))
 
 
 def read_dump_columns(
