@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .base.gcpause import gc_paused
 from .base.model import Finding as _Finding
 from .base.model import LoadProblem
 from .convert import Analysis, analyse
@@ -193,6 +194,7 @@ def load(
     return job
 
 
+@gc_paused()
 def analyze(job: Job, *, inputs: PathOrPaths | None = None) -> Report:
     """The verdict on a loaded job. ``inputs``: how the dumps were named (a path or a list, as given to
     ``load``), for the commands in the next steps (default: the placeholder ``<dumps>``, as
@@ -221,6 +223,7 @@ def analyze(job: Job, *, inputs: PathOrPaths | None = None) -> Report:
     )
 
 
+@gc_paused()
 def write_trace(
     job: Job,
     path: str | os.PathLike[str],

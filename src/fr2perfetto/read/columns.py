@@ -286,10 +286,13 @@ def to_entries(
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
     canonical = {} if canonical is None else canonical
     ints = {} if ints is None else ints
-    peers = [
-        None if src == NONE else canonical.setdefault((src, dst), (src, dst))
-        for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
-    ]
+    peers: Source = ("c", None, None)  # no send or recv: no peers
+    if max(c["p2p_src"]) != NONE:
+        pairs = [
+            None if src == NONE else canonical.setdefault((src, dst), (src, dst))
+            for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
+        ]
+        peers = ("v", pairs, None)
 
     def shared(name: str) -> Source:
         return ("q", c[name].tobytes(), ints)
@@ -304,7 +307,7 @@ def to_entries(
         shared("pg_id"), shared("record_id"), shared("collective_seq"), shared("p2p_seq"), shared("op_id"),
         looked_up("op", [o[0] for o in ops]),
         looked_up("op", [o[1] for o in ops]),
-        ("v", peers, None),
+        peers,
         ("B", c["is_p2p"].tobytes(), _BOOLS),
         looked_up("input_sizes", t["sizes"]),
         looked_up("output_sizes", t["sizes"]),

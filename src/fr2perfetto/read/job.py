@@ -182,6 +182,7 @@ def read_files(
         yield from read_files(paths[done:], 1, progress, max_bytes)
 
 
+@gc_paused()  # a job is millions of objects without cycles: the collector would walk them again and again
 def load_job(
     inputs: list[str],
     jobs: int | None = None,
