@@ -228,8 +228,8 @@ def test_a_stop_just_after_a_scratch_path_is_made_leaves_nothing(
 
     made = getattr(os, made_by)
 
-    def make_then_stop(path: Any, *args: Any) -> Any:
-        result = made(path, *args)
+    def make_then_stop(path: Any, *args: Any, **kwargs: Any) -> Any:
+        result = made(path, *args, **kwargs)
         if ".fr2perfetto-" in str(path):
             cleanup.abandon()  # what the signal handler does, before it ends the process
             assert not os.path.exists(path)

@@ -14,33 +14,42 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from multiprocessing.process import BaseProcess
+from typing import TypeVar
 
 _owner = os.getpid()
 _paths: dict[str, None] = {}
 _process_sources: list[Callable[[], list[BaseProcess]]] = []
 
 
-def _fresh_name(folder: str, prefix: str, suffix: str) -> str:
-    return os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+_Made = TypeVar("_Made")
 
 
-@contextlib.contextmanager
-def scratch_file(folder: str, prefix: str, suffix: str) -> Iterator[tuple[int, str]]:
-    """A new private file in ``folder`` (its descriptor and path), removed if the command is stopped
-    while the block runs. Registered before it is made, so no signal finds it made and unregistered;
-    the block moves or removes it, and only then is it forgotten."""
+def _registered(folder: str, prefix: str, suffix: str, make: Callable[[str], _Made]) -> tuple[str, _Made]:
+    """A fresh path in ``folder``, registered, then made by ``make(path)``: a signal at any moment finds
+    it registered or not yet made. The caller forgets it (``_paths.pop``) once it is gone."""
     while True:
-        path = _fresh_name(folder, prefix, suffix)
+        path = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
         _paths[path] = None
         try:
-            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-            break
+            return path, make(path)
         except FileExistsError:
             _paths.pop(path, None)
         except BaseException:
             _paths.pop(path, None)
             raise
+
+
+def _new_file(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+
+
+@contextlib.contextmanager
+def scratch_file(folder: str, prefix: str, suffix: str) -> Iterator[tuple[int, str]]:
+    """A new private file in ``folder`` (its descriptor and path), removed if the command is stopped
+    while the block runs; the block moves or removes it, and only then is it forgotten."""
+    path, handle = _registered(folder, prefix, suffix, _new_file)
     try:
         yield handle, path
     finally:
@@ -50,19 +59,8 @@ def scratch_file(folder: str, prefix: str, suffix: str) -> Iterator[tuple[int, s
 @contextlib.contextmanager
 def scratch_folder(folder: str, prefix: str) -> Iterator[str]:
     """A new private folder in ``folder``, removed with what it holds when the block ends, or at once
-    if the command is stopped. Registered before it is made and forgotten only once it is removed, so
-    a signal at any moment finds it either registered or gone."""
-    while True:
-        path = _fresh_name(folder, prefix, "")
-        _paths[path] = None
-        try:
-            os.mkdir(path, 0o700)
-            break
-        except FileExistsError:
-            _paths.pop(path, None)
-        except BaseException:
-            _paths.pop(path, None)
-            raise
+    if the command is stopped; forgotten only once it is removed."""
+    path, _ = _registered(folder, prefix, "", partial(os.mkdir, mode=0o700))
     try:
         yield path
     finally:
