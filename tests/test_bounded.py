@@ -101,3 +101,21 @@ def test_a_real_claim_beyond_the_dumps_read_is_followed_rank_by_rank(tmp_path: P
     shown = _run("info", str(folder))
     rows = [line for line in shown.stdout.splitlines() if "no dump" in line]
     assert len(rows) == 1 and "8-1023" in rows[0]  # one row for the ranks without a dump, not 1016
+
+
+def test_the_member_lists_kept_between_dumps_stay_within_their_bound(monkeypatch: pytest.MonkeyPatch):
+    """Member lists are read once per reading process and kept for the next dump, but dumps of ever new
+    long lists cannot make what is kept grow past its bound; a list read again reads the same."""
+    from fr2perfetto.read import reader
+
+    monkeypatch.setattr(reader, "RANK_TEXTS_KEPT", 100_000)
+    monkeypatch.setattr(reader, "_rank_texts", {})
+    monkeypatch.setattr(reader, "_rank_text_sizes", [0])
+    world = str(list(range(4096)))
+    assert reader._parse_ranks(world) == (tuple(range(4096)), 0)
+    for start in range(50):  # 50 different lists of 30 kB each: kept three at a time at most
+        members = str(list(range(start, start + 4096)))
+        assert reader._parse_ranks(members) == (tuple(range(start, start + 4096)), 0)
+        assert sum(map(len, reader._rank_texts)) == reader._rank_text_sizes[0] <= 100_000
+    assert reader._parse_ranks(world) == (tuple(range(4096)), 0)
+    assert reader._parse_ranks("[3, 1, x]") == ((1, 3), 0) and reader._parse_ranks("[-1, 2]") == (None, 0)

@@ -72,8 +72,15 @@ MAX_DUMP_BYTES = 1 << 30  # the largest file read as a dump by default (real one
 
 def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BYTES) -> RankDump:
     """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump`` with its entries; raise
-    ``DumpError``. Read as ``read_dump_columns`` reads it, its entries then made from the columns."""
-    dump, rank_columns = read_dump_columns(path, max_bytes, data)
+    ``DumpError``. Read as ``read_dump_columns`` reads it: where the C walker read it, the entries are
+    made from its columns."""
+    name = _rank_name(path)
+    if data is None:
+        data = _read_file(path, max_bytes)
+    walked = _walked(path, name, data)
+    if walked is None:
+        return read_dump_reference(path, data, max_bytes)
+    dump, rank_columns = walked
     tables = columns.JobTables({})
     dump.entries = columns.to_entries(tables.merge(rank_columns), columns.make_entries, tables.canonical, tables.ints)
     return dump
@@ -90,16 +97,24 @@ def read_dump_columns(
     name = _rank_name(path)
     if data is None:
         data = _read_file(path, max_bytes)
-    if data[:1] == b"\x80" and _speedups is not None:
-        walked = _speedups.pickle_columns(data, MAX_DEPTH, max_nodes(len(data)), _WALK_KEYS)
-        if walked is not None:
-            made = _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None)
-            if made is not None:
-                return made
+    walked = _walked(path, name, data)
+    if walked is not None:
+        return walked
     dump = read_dump_reference(path, data, max_bytes)
     rank_columns = columns.from_entries(dump.rank, dump.entries)
     dump.entries = []
     return dump, rank_columns
+
+
+def _walked(path: str, name: DumpName, data: bytes) -> tuple[RankDump, RankColumns] | None:
+    """The dump and its columns as ``pickle_columns`` reads them; None where it does not (not a pickle,
+    not built, or a file the Python reader must read)."""
+    if data[:1] != b"\x80" or _speedups is None:
+        return None
+    walked = _speedups.pickle_columns(data, MAX_DEPTH, max_nodes(len(data)), _WALK_KEYS)
+    if walked is None:
+        return None
+    return _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None)
 
 
 def _from_walk(walked: tuple[Any, ...], rank: int, path: str, host: str | None) -> tuple[RankDump, RankColumns] | None:
@@ -392,12 +407,35 @@ def _parse_ranks(value: Any) -> tuple[tuple[int, ...] | None, int]:
     if claimed > MAX_GROUP_CLAIM:
         return None, claimed
     if isinstance(value, str):
+        return _parse_rank_text(value)
+    if isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
+        return _sorted_ranks(list(value))
+    return None, 0
+
+
+# Every rank's dump lists the members of the groups it shares with others in the same text, so each
+# text is read once per reading process: a world group of 4096 members costs as much to read as the
+# rest of the dump, and every rank holds it. The texts kept add up to at most this many characters
+# (then the cache starts anew), so that a hostile dump of many long ones cannot make it large.
+RANK_TEXTS_KEPT = 1 << 22
+_rank_texts: dict[str, tuple[tuple[int, ...] | None, int]] = {}
+_rank_text_sizes = [0]
+
+
+def _parse_rank_text(value: str) -> tuple[tuple[int, ...] | None, int]:
+    known = _rank_texts.get(value)
+    if known is None:
         # a number too long for a rank is no rank (and int() refuses one of thousands of digits)
-        numbers = [int(x) if len(x) < 12 else -1 for x in _INTS.findall(value)]
-    elif isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
-        numbers = list(value)
-    else:
-        return None, 0
+        known = _sorted_ranks([int(x) if len(x) < 12 else -1 for x in _INTS.findall(value)])
+        if _rank_text_sizes[0] + len(value) > RANK_TEXTS_KEPT:
+            _rank_texts.clear()
+            _rank_text_sizes[0] = 0
+        _rank_texts[value] = known
+        _rank_text_sizes[0] += len(value)
+    return known
+
+
+def _sorted_ranks(numbers: list[int]) -> tuple[tuple[int, ...] | None, int]:
     if not numbers or any(n < 0 or n >= MAX_RANK for n in numbers):
         return None, 0  # not ranks (or not ranks of a job anyone runs): the members used it tell instead
     return tuple(sorted(set(numbers))), 0
