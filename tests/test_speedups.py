@@ -254,6 +254,7 @@ def test_entries_are_made_from_columns_the_same_in_c_and_python():
         ([("I", b"\x09\x00\x00\x00", ["only"])], IndexError),  # an id beyond its table
         ([("q", b"\x00" * 7, None)], ValueError),  # a column of another length
         ([("x", None, None)], ValueError),
+        ([("0", b"\x00\x00\x00\x00", ["not a pair"])], ValueError),
         ([("q", b"\x00" * 8, [])], ValueError),  # shared ints through something not a dict
     ):
         with pytest.raises(error):

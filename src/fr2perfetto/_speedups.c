@@ -116,8 +116,8 @@ PyDoc_STRVAR(entries_from_columns_doc,
 /* One field's source, read from its (kind, data, extra). */
 typedef struct {
     char kind;
-    const char *data; /* the column's bytes (q, Q, d, I, B) */
-    PyObject *seq;    /* 'v': the values; I, B: the table */
+    const char *data; /* the column's bytes (q, Q, d, I, 0, 1, B) */
+    PyObject *seq;    /* 'v': the values; I, 0, 1, B: the table */
     PyObject *extra;  /* 'c': the value; q, Q: the dict of shared ints, or None */
     Py_ssize_t table_len;
 } Source;
@@ -139,13 +139,13 @@ static int source_of(PyObject *spec, Py_ssize_t count, Source *source) {
         source->seq = data;
         return 0;
     case 'q': case 'Q': case 'd': width = 8; break;
-    case 'I': width = 4; break;
+    case 'I': case '0': case '1': width = 4; break;
     case 'B': width = 1; break;
     default: goto bad;
     }
     if (!PyBytes_CheckExact(data) || PyBytes_Size(data) != count * width) goto bad;
     source->data = PyBytes_AsString(data);
-    if (source->kind == 'I' || source->kind == 'B') {
+    if (width != 8) {
         if (!(PyList_CheckExact(extra) || PyTuple_CheckExact(extra))) goto bad;
         source->seq = extra;
         source->table_len = LENGTH(extra);
@@ -168,9 +168,9 @@ static PyObject *source_value(const Source *source, Py_ssize_t r) {
         memcpy(&value, source->data + 8 * r, 8);
         return value != value ? Py_NewRef(Py_None) : PyFloat_FromDouble(value);
     }
-    case 'I': case 'B': {
+    case 'I': case '0': case '1': case 'B': {
         size_t index;
-        if (source->kind == 'I') {
+        if (source->kind != 'B') {
             uint32_t id;
             memcpy(&id, source->data + 4 * r, 4);
             index = id;
@@ -181,7 +181,15 @@ static PyObject *source_value(const Source *source, Py_ssize_t r) {
             PyErr_SetString(PyExc_IndexError, "entries_from_columns: an id beyond its table");
             return NULL;
         }
-        return Py_NewRef(item_at(source->seq, (Py_ssize_t)index));
+        PyObject *value = item_at(source->seq, (Py_ssize_t)index);
+        if (source->kind == '0' || source->kind == '1') { /* a part of a (name, desc) and such */
+            if (!PyTuple_CheckExact(value) || LENGTH(value) < 2) {
+                PyErr_SetString(PyExc_ValueError, "entries_from_columns: a table's value is not a pair");
+                return NULL;
+            }
+            value = PyTuple_GetItem(value, source->kind - '0');
+        }
+        return Py_NewRef(value);
     }
     default: break; /* q, Q */
     }

@@ -238,6 +238,7 @@ _BOOLS = (False, True)
 #   ("Q", int64 bytes, ints)  the same, or None where the column holds ``NONE``
 #   ("d", float64 bytes, None) each a float, or None where the column holds NaN
 #   ("I", uint32 bytes, table), ("B", uint8 bytes, table)  each ``table[id]``
+#   ("0", uint32 bytes, table), ("1", ...)  each ``table[id][0]`` (``[1]``): a part of a pair (name, desc)
 Source = tuple[str, Any, Any]
 MakeEntries = Callable[[type[Entry], int, list[Source]], list[Entry]]
 
@@ -253,6 +254,8 @@ def entries_in_python(entry_type: type[Entry], count: int, sources: list[Source]
             fields.append(repeat(extra, count))
         elif kind in ("I", "B"):
             fields.append(map(extra.__getitem__, array(kind, data)))
+        elif kind in ("0", "1"):
+            fields.append([extra[index][int(kind)] for index in array("I", data)])
         else:
             values: Any = array("d" if kind == "d" else "q", data)
             if kind == "d":
@@ -297,16 +300,16 @@ def to_entries(
     def shared(name: str) -> Source:
         return ("q", c[name].tobytes(), ints)
 
-    def looked_up(name: str, table: Sequence[Any]) -> Source:
-        return ("I", c[name].tobytes(), table)
+    def looked_up(name: str, table: Sequence[Any], part: str = "I") -> Source:
+        return (part, c[name].tobytes(), table)
 
     sources: list[Source] = [
         ("c", None, rank.rank),
-        looked_up("group", [g[0] for g in groups]),
-        looked_up("group", [g[1] for g in groups]),
+        looked_up("group", groups, "0"),
+        looked_up("group", groups, "1"),
         shared("pg_id"), shared("record_id"), shared("collective_seq"), shared("p2p_seq"), shared("op_id"),
-        looked_up("op", [o[0] for o in ops]),
-        looked_up("op", [o[1] for o in ops]),
+        looked_up("op", ops, "0"),
+        looked_up("op", ops, "1"),
         peers,
         ("B", c["is_p2p"].tobytes(), _BOOLS),
         looked_up("input_sizes", t["sizes"]),
@@ -320,8 +323,8 @@ def to_entries(
         ("Q", c["completed"].tobytes(), None),
         ("d", c["duration"].tobytes(), None),
         ("Q", c["timeout"].tobytes(), ints),
-        looked_up("thread", [h[0] for h in threads]),
-        looked_up("thread", [h[1] for h in threads]),
+        looked_up("thread", threads, "0"),
+        looked_up("thread", threads, "1"),
         looked_up("frames", t["stacks"]),
         ("c", None, None),
     ]  # fmt: skip
