@@ -56,15 +56,10 @@ class Evidence:
     # (``stragglers.group_offsets``); filled as stragglers are looked for, read by the lateness counters
     enqueue_medians: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def blocked_in(self) -> dict[int, MatchedOp]:
-        """rank -> its blocking op."""
-        return {rank: wait.op for rank, wait in self.waits.items()}
-
-    @property
-    def waits_for(self) -> dict[int, tuple[int, ...]]:
-        """rank -> the ranks its blocking op waits for."""
-        return {rank: wait.on for rank, wait in self.waits.items()}
+    def blocked_on(self, rank: int) -> MatchedOp | None:
+        """``rank``'s blocking op, if it has one."""
+        wait = self.waits.get(rank)
+        return wait.op if wait is not None else None
 
 
 def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:

@@ -251,6 +251,10 @@ def rule_missing(context: _Context) -> list[Finding]:
     evidence = context.evidence
     findings = []
     seen: set[Group] = set()
+    missing_seqs: dict[Group, list[int]] = {}  # every op some members never issued, by group
+    for op in evidence.ops:
+        if op.status == MISSING:
+            missing_seqs.setdefault(op.group, []).append(op.seq)
     for op in evidence.ops:
         if op.status != MISSING or op.kind != "collective" or op.group in seen:
             continue
@@ -260,8 +264,8 @@ def rule_missing(context: _Context) -> list[Finding]:
         lines = [f"{ranks_text(issued)} entered {where(op)}; {ranks_text(op.missing)} never did."]
         for rank in op.missing:
             lines.append(_absent_line(context, rank, culprits))
-        lines += _queued_line(context, [r for r in issued if evidence.blocked_in.get(r) is op])
-        later = sum(1 for o in evidence.ops if o.group == op.group and o.status == MISSING and o.seq > op.seq)
+        lines += _queued_line(context, [r for r in issued if evidence.blocked_on(r) is op])
+        later = sum(1 for seq in missing_seqs[op.group] if seq > op.seq)
         if later:
             lines.append(f"{later} later ops of this group are unmatched too (a consequence).")
         findings.append(
@@ -390,7 +394,7 @@ def rule_stuck(context: _Context) -> list[Finding]:
             f"all {len(op.entries)} members issued {where(op)} ({'/'.join(states)}) and none completed it.",
             "No rank is missing and none disagrees: the dumps point at the GPU, NCCL or the network, not at a rank.",
         ]
-        lines += _queued_line(context, [r for r in op.entries if evidence.blocked_in.get(r) is op])
+        lines += _queued_line(context, [r for r in op.entries if evidence.blocked_on(r) is op])
         findings.append(
             _op_finding(
                 context,
