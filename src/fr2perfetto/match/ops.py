@@ -208,9 +208,12 @@ def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool,
 
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
     """Sort the members without an entry into ``missing`` (never issued) and ``unknown``."""
+    members = op.group.members
+    if len(op.entries) >= len(members) and all(map(op.entries.__contains__, members)):
+        return  # every member issued it (the common case: checked at C speed)
     missing: list[int] = []
     unknown: list[int] = []
-    for rank in op.group.members:
+    for rank in members:
         if rank in op.entries:
             continue
         dump = job.dumps.get(rank)
