@@ -162,7 +162,10 @@ bad:
 static PyObject *source_value(const Source *source, Py_ssize_t r) {
     switch (source->kind) {
     case 'c': return Py_NewRef(source->extra);
-    case 'v': return Py_NewRef(item_at(source->seq, r));
+    case 'v': {
+        PyObject *value = item_at(source->seq, r); /* NULL: a list that shrank meanwhile */
+        return value != NULL ? Py_NewRef(value) : NULL;
+    }
     case 'd': {
         double value;
         memcpy(&value, source->data + 8 * r, 8);
@@ -182,6 +185,7 @@ static PyObject *source_value(const Source *source, Py_ssize_t r) {
             return NULL;
         }
         PyObject *value = item_at(source->seq, (Py_ssize_t)index);
+        if (value == NULL) return NULL; /* a table that shrank meanwhile */
         if (source->kind == '0' || source->kind == '1') { /* a part of a (name, desc) and such */
             if (!PyTuple_CheckExact(value) || LENGTH(value) < 2) {
                 PyErr_SetString(PyExc_ValueError, "entries_from_columns: a table's value is not a pair");
