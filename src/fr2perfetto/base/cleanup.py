@@ -34,11 +34,10 @@ def _registered(folder: str, prefix: str, suffix: str, make: Callable[[str], _Ma
         _paths[path] = None
         try:
             return path, make(path)
-        except FileExistsError:
+        except BaseException as error:
             _paths.pop(path, None)
-        except BaseException:
-            _paths.pop(path, None)
-            raise
+            if not isinstance(error, FileExistsError):  # a name taken already: another one
+                raise
 
 
 def _new_file(path: str) -> int:

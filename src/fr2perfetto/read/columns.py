@@ -228,6 +228,11 @@ class JobTables:
                 columns[name] = array("I", map(remap.__getitem__, columns[name]))
         return RankColumns(rank.rank, columns, self.values)
 
+    def entries(self, rank: RankColumns) -> list[Entry]:
+        """``rank``'s entries, its tables merged into the job's first: every name, size, dtype list and
+        stack, and every id, seq and timeout value, one object across the job's ranks."""
+        return to_entries(self.merge(rank), make_entries, self.canonical, self.ints)
+
 
 _BOOLS = (False, True)
 

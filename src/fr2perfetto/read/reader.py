@@ -74,15 +74,11 @@ def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BY
     """Read the dump at ``path`` (or its bytes, if given) into a ``RankDump`` with its entries; raise
     ``DumpError``. Read as ``read_dump_columns`` reads it: where the C walker read it, the entries are
     made from its columns."""
-    name = _rank_name(path)
-    if data is None:
-        data = _read_file(path, max_bytes)
-    walked = _walked(path, name, data)
+    walked, data = _walked(path, data, max_bytes)
     if walked is None:
         return read_dump_reference(path, data, max_bytes)
     dump, rank_columns = walked
-    tables = columns.JobTables({})
-    dump.entries = columns.to_entries(tables.merge(rank_columns), columns.make_entries, tables.canonical, tables.ints)
+    dump.entries = columns.JobTables({}).entries(rank_columns)
     return dump
 
 
@@ -94,10 +90,7 @@ def read_dump_columns(
     where it can; any file it cannot read exactly as the Python reader does (see ``_speedups.c``) is read
     by that reader, and its entries put in columns (``columns.from_entries``, the reference that the C
     path is tested against)."""
-    name = _rank_name(path)
-    if data is None:
-        data = _read_file(path, max_bytes)
-    walked = _walked(path, name, data)
+    walked, data = _walked(path, data, max_bytes)
     if walked is not None:
         return walked
     dump = read_dump_reference(path, data, max_bytes)
@@ -106,15 +99,19 @@ def read_dump_columns(
     return dump, rank_columns
 
 
-def _walked(path: str, name: DumpName, data: bytes) -> tuple[RankDump, RankColumns] | None:
-    """The dump and its columns as ``pickle_columns`` reads them; None where it does not (not a pickle,
-    not built, or a file the Python reader must read)."""
+def _walked(path: str, data: bytes | None, max_bytes: int) -> tuple[tuple[RankDump, RankColumns] | None, bytes]:
+    """The dump and its columns as ``pickle_columns`` reads them, or None where it does not (not a
+    pickle, not built, or a file the Python reader must read); and the file's bytes (read here when
+    not given). ``DumpError`` for a name that tells no rank and a file that is no dump's."""
+    name = _rank_name(path)
+    if data is None:
+        data = _read_file(path, max_bytes)
     if data[:1] != b"\x80" or _speedups is None:
-        return None
+        return None, data
     walked = _speedups.pickle_columns(data, MAX_DEPTH, max_nodes(len(data)), _WALK_KEYS)
     if walked is None:
-        return None
-    return _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None)
+        return None, data
+    return _from_walk(walked, name.rank, path_text(path), path_text(name.host) if name.host else None), data
 
 
 def _from_walk(walked: tuple[Any, ...], rank: int, path: str, host: str | None) -> tuple[RankDump, RankColumns] | None:
