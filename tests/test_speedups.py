@@ -10,6 +10,7 @@ import pickle
 import shlex
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
@@ -259,6 +260,66 @@ def test_entries_are_made_from_columns_the_same_in_c_and_python():
     ):
         with pytest.raises(error):
             SPEEDUPS.entries_from_columns(Entry, 1, sources)
+
+
+def _match_inputs() -> tuple[list[match.RankInput], bytes, bytes]:
+    """Three ranks' inputs to the collective matcher: ops every rank issued alike, one whose sizes
+    differ, a coalesced group (two rows of one rank for one op), a row inside a coalesced group, a gloo
+    op left scheduled, a send, seqs out of order and a negative one, and a group only one rank knows."""
+    entries = {
+        0: [_entry(rank=0, collective_seq=1), _entry(rank=0, collective_seq=2, time_created_ns=NOW + 5),
+            _entry(rank=0, collective_seq=3), _entry(rank=0, collective_seq=3), _entry(rank=0, is_p2p=True),
+            _entry(rank=0, collective_seq=5, state="scheduled", backend="gloo"), _entry(rank=0, collective_seq=-1)],
+        1: [_entry(rank=1, collective_seq=2, time_created_ns=NOW - 5), _entry(rank=1, collective_seq=1),
+            _entry(rank=1, collective_seq=3, input_sizes=((8,),)), _entry(rank=1, collective_seq=5, state="started",
+            backend="gloo"), _entry(rank=1, collective_seq=4)],
+        2: [_entry(rank=2, collective_seq=1, state="scheduled"), _entry(rank=2, collective_seq=2, op="broadcast"),
+            _entry(rank=2, group_name="1", collective_seq=9)],
+    }  # fmt: skip
+    tables = columns.JobTables({})
+    made = {rank: tables.merge(columns.from_entries(rank, rows)) for rank, rows in entries.items()}
+    names: dict[str, int] = {}
+    op_names = array("I", [names.setdefault(op, len(names)) for _, op in tables.values["ops"]]).tobytes()
+    untracked = bytes(backend == "gloo" for backend, _ in tables.values["ops"])
+    group_index = {("0", "default_pg"): 0, ("1", "default_pg"): 1}
+    inputs: list[match.RankInput] = []
+    for rank, rank_columns in made.items():
+        c = rank_columns.columns
+        groups = array("I", [group_index[tables.values["groups"][g]] for g in c["group"]]).tobytes()
+        flagged = bytes([0, 0, 0, 0, 0, 1, 0]) if rank == 0 else None  # rank 0's gloo op: in a coalesced group
+        inputs.append((rank, entries[rank], groups, c["collective_seq"].tobytes(), c["op"].tobytes(),
+                       c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
+                       c["created"].tobytes(), c["is_p2p"].tobytes(), flagged))  # fmt: skip
+    return inputs, op_names, untracked
+
+
+def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
+    assert SPEEDUPS is not None
+    inputs, op_names, untracked = _match_inputs()
+    fixed = (columns.STATES, 2, 0, Entry._fields.index("time_created_ns"))
+    in_c = SPEEDUPS.match_collectives(inputs, 2, op_names, untracked, *fixed)
+    in_python = match._match_collectives_in_python(inputs, 2, op_names, untracked, *fixed)
+    assert repr(in_c) == repr(in_python)
+    filed, spans, p2p = in_c
+    by_op = {(group, seq): (by_rank, scanned) for group, seq, by_rank, scanned in filed}
+    assert [(group, seq) for group, seq, _, _ in filed] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, -1), (0, 4), (1, 9)]
+    assert by_op[(0, 1)][1] == (NOW, True, 1, [NOW, NOW, NOW], ["completed", "completed", "scheduled"])
+    assert by_op[(0, 2)][1][:3] == (NOW - 5, False, 0)  # rank 2's broadcast: not alike; rank 1 first
+    assert by_op[(0, 3)][1] is None and len(by_op[(0, 3)][0][0]) == 2  # a coalesced group: scanned from entries
+    assert by_op[(0, 5)][1] is None  # a row inside a coalesced group
+    assert spans == [(0, 0, -1, 5), (1, 0, 1, 5), (2, 0, 1, 2), (2, 1, 9, 9)]
+    assert [len(sent) for sent in p2p] == [1, 0, 0] and p2p[0][0] is inputs[0][1][4]
+    assert in_c[0][0][2][0][0] is inputs[0][1][0]  # the entries themselves, not copies
+    no_group = [(*inputs[2][:2], array("I", [0, 0, 7]).tobytes(), *inputs[2][3:])]
+    for bad, error in (
+        ([(*inputs[0][:3], b"\x00" * 8, *inputs[0][4:])], ValueError),  # a column of another length
+        (no_group, ValueError),
+        ([inputs[0][:5]], TypeError),
+    ):
+        with pytest.raises(error):
+            SPEEDUPS.match_collectives(bad, 2, op_names, untracked, *fixed)
+    with pytest.raises(ValueError, match="no group known"):
+        match._match_collectives_in_python(no_group, 2, op_names, untracked, *fixed)
 
 
 def test_the_partition_by_group_is_the_same_in_c_and_python():

@@ -8,8 +8,9 @@
  * - gather() and first_uses() are columns.gather and columns.first_uses, the array operations that turn
  *   what pickle_columns read into columns.
  * - entries_from_columns() is columns.entries_in_python: entries made field by field from a rank's columns.
- * - bucket_collectives() and scan_op() are match._bucket_collectives and match._scan_in_python (the
- *   latter for ops where every rank holds one entry).
+ * - match_collectives() is match._match_collectives_in_python: every rank's collectives filed by
+ *   (group, seq) from their columns; scan_op() is match._scan_in_python for an op where every rank
+ *   holds one entry, read from the entries.
  * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
  * - by_group() is streams._by_group, the partition of a rank's ops by group;
  * - lay_out_collectives() lays out a rank's completed collectives as streams._group does, for those
@@ -283,101 +284,282 @@ static int is_entry(PyObject *entry, Py_ssize_t needed) {
     return 0;
 }
 
-/* table[key], made by make() when absent. Borrowed; NULL on error. */
-static PyObject *get_or_make(PyObject *table, PyObject *key, PyObject *(*make)(Py_ssize_t)) {
-    PyObject *found = PyDict_GetItemWithError(table, key);
-    if (found != NULL || PyErr_Occurred()) return found;
-    PyObject *made = make(0);
-    if (made == NULL) return NULL;
-    int set = PyDict_SetItem(table, key, made);
-    Py_DECREF(made);
-    return set < 0 ? NULL : made;
-}
+PyDoc_STRVAR(match_collectives_doc,
+             "match_collectives(ranks, group_count, op_names, untracked, states, completed, scheduled,\n"
+             "                  created_field) -> (ops, covered, p2p)\n\n"
+             "match._match_collectives_in_python: the collectives of every rank filed by (group, seq) from the\n"
+             "ranks' columns; see there for the arguments and what is returned.");
 
-static PyObject *new_dict(Py_ssize_t unused) {
-    (void)unused;
-    return PyDict_New();
-}
-
-/* The span of collective seqs seen of (rank, group): widen covered[key] = [first, last] to seq. */
-static int widen_span(PyObject *covered, PyObject *key, PyObject *seq) {
-    PyObject *span = PyDict_GetItemWithError(covered, key);
-    if (span == NULL) {
-        if (PyErr_Occurred()) return -1;
-        span = PyList_New(2);
-        if (span == NULL) return -1;
-        Py_INCREF(seq);
-        Py_INCREF(seq);
-        PyList_SetItem(span, 0, seq);
-        PyList_SetItem(span, 1, seq);
-        int set = PyDict_SetItem(covered, key, span);
-        Py_DECREF(span);
-        return set;
-    }
-    if (!PyList_CheckExact(span) || LENGTH(span) != 2) {
-        PyErr_SetString(PyExc_TypeError, "a covered span must be a list of two seqs");
-        return -1;
-    }
-    int above = PyObject_RichCompareBool(seq, PyList_GetItem(span, 1), Py_GT);
-    if (above < 0) return -1;
-    if (above) return PyList_SetItem(span, 1, Py_NewRef(seq));
-    int below = PyObject_RichCompareBool(seq, PyList_GetItem(span, 0), Py_LT);
-    if (below < 0) return -1;
-    return below ? PyList_SetItem(span, 0, Py_NewRef(seq)) : 0;
-}
-
-PyDoc_STRVAR(bucket_collectives_doc,
-             "bucket_collectives(entries, rank, groups_by_name, collectives, covered, fields) -> list\n\n"
-             "match._bucket_collectives: file each collective entry of one rank under its (group, seq)\n"
-             "and widen its (rank, group) span; return the rank's p2p entries, in order.");
-
-static PyObject *bucket_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("bucket_collectives", nargs, 6)) return NULL;
-    PyObject *entries = args[0], *rank = args[1], *groups_by_name = args[2], *collectives = args[3];
-    PyObject *covered = args[4];
-    Py_ssize_t fields[3], needed; /* group_name, is_p2p, collective_seq */
-    if (!PyList_CheckExact(entries) || !PyDict_Check(groups_by_name) || !PyDict_Check(collectives) ||
-        !PyDict_Check(covered)) {
-        PyErr_SetString(PyExc_TypeError, "bucket_collectives: bad arguments");
+/* One column of a rank: its bytes, checked to hold ``rows`` items of ``width`` bytes. */
+static const char *column_of(PyObject *bytes, Py_ssize_t rows, Py_ssize_t width) {
+    if (!PyBytes_Check(bytes) || PyBytes_Size(bytes) != rows * width) {
+        PyErr_SetString(PyExc_ValueError, "match_collectives: a column of the wrong length");
         return NULL;
     }
-    if (read_indices(args[5], fields, 3, &needed) < 0) return NULL;
-    PyObject *p2p = PyList_New(0);
-    if (p2p == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < LENGTH(entries); i++) {
-        PyObject *entry = Py_NewRef(PyList_GetItem(entries, i));
-        PyObject *key = NULL, *span_key = NULL;
-        int ok = 0;
-        if (!is_entry(entry, needed)) goto next;
-        int is_p2p = PyObject_IsTrue(PyTuple_GetItem(entry, fields[1]));
-        if (is_p2p < 0) goto next;
-        if (is_p2p) {
-            ok = PyList_Append(p2p, entry) == 0;
-            goto next;
+    return PyBytes_AsString(bytes);
+}
+
+/* What match_collectives reads of one rank. */
+typedef struct {
+    PyObject *rank, *entries;
+    Py_ssize_t rows;
+    const uint32_t *group, *op, *sizes, *dtypes;
+    const int64_t *seq, *created;
+    const uint8_t *state, *is_p2p, *flagged; /* flagged: NULL where no entry is */
+} RankInput;
+
+/* An op: a (group, seq) met, with where its rows are in the sorted records. */
+typedef struct {
+    uint32_t group;
+    int64_t seq;
+    Py_ssize_t count, start;
+} OpSlot;
+
+/* A collective row: the op it belongs to, its rank (index into the inputs) and its row there. */
+typedef struct {
+    uint32_t op, rank;
+    Py_ssize_t row;
+} Record;
+
+static uint64_t op_hash(uint32_t group, int64_t seq) {
+    uint64_t h = (uint64_t)seq * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)group + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL;
+    return h ^ (h >> 31);
+}
+
+static int read_rank_input(PyObject *spec, RankInput *in) {
+    if (!PyTuple_CheckExact(spec) || LENGTH(spec) != 11 || !PyList_CheckExact(PyTuple_GetItem(spec, 1))) {
+        PyErr_SetString(PyExc_TypeError, "match_collectives: a rank is (rank, entries, 9 columns)");
+        return -1;
+    }
+    in->rank = PyTuple_GetItem(spec, 0);
+    in->entries = PyTuple_GetItem(spec, 1);
+    Py_ssize_t n = in->rows = LENGTH(in->entries);
+    if ((in->group = (const uint32_t *)column_of(PyTuple_GetItem(spec, 2), n, 4)) == NULL ||
+        (in->seq = (const int64_t *)column_of(PyTuple_GetItem(spec, 3), n, 8)) == NULL ||
+        (in->op = (const uint32_t *)column_of(PyTuple_GetItem(spec, 4), n, 4)) == NULL ||
+        (in->sizes = (const uint32_t *)column_of(PyTuple_GetItem(spec, 5), n, 4)) == NULL ||
+        (in->dtypes = (const uint32_t *)column_of(PyTuple_GetItem(spec, 6), n, 4)) == NULL ||
+        (in->state = (const uint8_t *)column_of(PyTuple_GetItem(spec, 7), n, 1)) == NULL ||
+        (in->created = (const int64_t *)column_of(PyTuple_GetItem(spec, 8), n, 8)) == NULL ||
+        (in->is_p2p = (const uint8_t *)column_of(PyTuple_GetItem(spec, 9), n, 1)) == NULL)
+        return -1;
+    PyObject *flagged = PyTuple_GetItem(spec, 10);
+    in->flagged = NULL;
+    if (flagged != Py_None && (in->flagged = (const uint8_t *)column_of(flagged, n, 1)) == NULL) return -1;
+    return 0;
+}
+
+/* The scan of an op whose every rank holds one row, none in a coalesced group (match._scan_in_python);
+ * Py_None where that is not so. New reference; NULL with an error set. */
+static PyObject *scan_rows(const RankInput *inputs, const Record *records, Py_ssize_t count, const uint32_t *op_names,
+                           Py_ssize_t op_count, const uint8_t *untracked, PyObject *states, int completed,
+                           int scheduled, Py_ssize_t created_field) {
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const RankInput *in = &inputs[records[k].rank];
+        if ((k > 0 && records[k - 1].rank == records[k].rank) || (k + 1 < count && records[k + 1].rank == records[k].rank) ||
+            (in->flagged != NULL && in->flagged[records[k].row]))
+            Py_RETURN_NONE;
+    }
+    PyObject *created_ns = PyList_New(count), *state_list = PyList_New(count), *first_time = NULL;
+    if (created_ns == NULL || state_list == NULL) goto error;
+    int64_t first = 0;
+    int alike = 1;
+    Py_ssize_t pending = 0;
+    const RankInput *ref_in = &inputs[records[0].rank];
+    Py_ssize_t ref_row = records[0].row;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const RankInput *in = &inputs[records[k].rank];
+        Py_ssize_t row = records[k].row;
+        PyObject *entry = PyList_GetItem(in->entries, row);
+        if (entry == NULL || !PyTuple_Check(entry) || LENGTH(entry) <= created_field) {
+            PyErr_SetString(PyExc_TypeError, "match_collectives: not an entry");
+            goto error;
         }
-        PyObject *group = PyDict_GetItemWithError(groups_by_name, PyTuple_GetItem(entry, fields[0]));
-        if (group == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GetItem(entry, fields[0]));
-            goto next;
+        PyObject *created = PyTuple_GetItem(entry, created_field);
+        PyList_SetItem(created_ns, k, Py_NewRef(created));
+        if (k == 0 || in->created[row] < first) {
+            first = in->created[row];
+            first_time = created;
         }
-        PyObject *seq = PyTuple_GetItem(entry, fields[2]);
-        if ((key = PyTuple_Pack(2, group, seq)) == NULL) goto next;
-        PyObject *by_rank = get_or_make(collectives, key, new_dict);
-        PyObject *list = by_rank == NULL ? NULL : get_or_make(by_rank, rank, PyList_New);
-        if (list == NULL || PyList_Append(list, entry) < 0) goto next;
-        if ((span_key = PyTuple_Pack(2, rank, group)) == NULL) goto next;
-        ok = widen_span(covered, span_key, seq) == 0;
-    next:
-        Py_XDECREF(key);
-        Py_XDECREF(span_key);
-        Py_DECREF(entry);
-        if (!ok) {
-            Py_DECREF(p2p);
-            return NULL;
+        uint32_t op = in->op[row], ref_op = ref_in->op[ref_row];
+        if (op >= (uint32_t)op_count || ref_op >= (uint32_t)op_count) {
+            PyErr_SetString(PyExc_ValueError, "match_collectives: an op id beyond the table");
+            goto error;
+        }
+        if (alike && (op_names[op] != op_names[ref_op] || in->sizes[row] != ref_in->sizes[ref_row] ||
+                      in->dtypes[row] != ref_in->dtypes[ref_row]))
+            alike = 0;
+        int state = in->state[row];
+        if (state >= LENGTH(states)) {
+            PyErr_SetString(PyExc_ValueError, "match_collectives: a state beyond the table");
+            goto error;
+        }
+        PyList_SetItem(state_list, k, Py_NewRef(PyTuple_GetItem(states, state)));
+        if (state != completed && (!untracked[op] || state != scheduled)) pending++;
+    }
+    return Py_BuildValue("(OOnNN)", first_time, alike ? Py_True : Py_False, pending, created_ns, state_list);
+error:
+    Py_XDECREF(created_ns);
+    Py_XDECREF(state_list);
+    return NULL;
+}
+
+static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("match_collectives", nargs, 8)) return NULL;
+    PyObject *ranks = args[0], *states = args[4];
+    Py_ssize_t group_count = PyLong_AsSsize_t(args[1]), created_field = PyLong_AsSsize_t(args[7]);
+    int completed = (int)PyLong_AsLong(args[5]), scheduled = (int)PyLong_AsLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(ranks) || !PyTuple_CheckExact(states) || !PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) ||
+        group_count < 0 || group_count >= UINT32_MAX || created_field < 0) {
+        PyErr_SetString(PyExc_TypeError, "match_collectives: bad arguments");
+        return NULL;
+    }
+    Py_ssize_t op_count = PyBytes_Size(args[2]) / 4;
+    if (PyBytes_Size(args[3]) != op_count) {
+        PyErr_SetString(PyExc_ValueError, "match_collectives: op names and untracked of different lengths");
+        return NULL;
+    }
+    const uint32_t *op_names = (const uint32_t *)PyBytes_AsString(args[2]);
+    const uint8_t *untracked = (const uint8_t *)PyBytes_AsString(args[3]);
+    Py_ssize_t rank_count = LENGTH(ranks), total = 0, op_total = 0, slots = 16;
+    RankInput *inputs = NULL;
+    Record *records = NULL, *sorted = NULL;
+    OpSlot *ops = NULL;
+    int64_t *span_first = NULL, *span_last = NULL;
+    Py_ssize_t *span_rank = NULL; /* the rank whose span of the group span_first and span_last hold */
+    uint32_t *table = NULL, *touched = NULL;
+    PyObject *result_ops = NULL, *covered = NULL, *p2p = NULL, *result = NULL;
+    if ((inputs = PyMem_Calloc((size_t)rank_count + 1, sizeof(RankInput))) == NULL) goto nomemory;
+    for (Py_ssize_t r = 0; r < rank_count; r++) {
+        if (read_rank_input(PyList_GetItem(ranks, r), &inputs[r]) < 0) goto error;
+        for (Py_ssize_t i = 0; i < inputs[r].rows; i++) total += !inputs[r].is_p2p[i];
+    }
+    while (slots < 2 * total) slots *= 2;
+    if ((records = PyMem_Malloc(sizeof(Record) * ((size_t)total + 1))) == NULL ||
+        (ops = PyMem_Malloc(sizeof(OpSlot) * ((size_t)total + 1))) == NULL ||
+        (table = PyMem_Malloc(sizeof(uint32_t) * (size_t)slots)) == NULL ||
+        (span_first = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
+        (span_last = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
+        (span_rank = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)group_count + 1))) == NULL ||
+        (touched = PyMem_Malloc(sizeof(uint32_t) * ((size_t)group_count + 1))) == NULL)
+        goto nomemory;
+    for (Py_ssize_t g = 0; g < group_count; g++) span_rank[g] = -1;
+    memset(table, 0xFF, sizeof(uint32_t) * (size_t)slots);
+    if ((covered = PyList_New(0)) == NULL || (p2p = PyList_New(rank_count)) == NULL) goto error;
+    /* File each collective row under its op, first met first; widen the rank's span on its group. */
+    Py_ssize_t filed = 0;
+    for (Py_ssize_t r = 0; r < rank_count; r++) {
+        const RankInput *in = &inputs[r];
+        Py_ssize_t touched_count = 0;
+        PyObject *sent = PyList_New(0);
+        if (sent == NULL) goto error;
+        PyList_SetItem(p2p, r, sent);
+        for (Py_ssize_t i = 0; i < in->rows; i++) {
+            if (in->is_p2p[i]) {
+                PyObject *entry = PyList_GetItem(in->entries, i); /* NULL where the list shrank meanwhile */
+                if (entry == NULL || PyList_Append(sent, entry) < 0) goto error;
+                continue;
+            }
+            uint32_t group = in->group[i];
+            int64_t seq = in->seq[i];
+            if (group >= (uint32_t)group_count || filed >= total) {
+                PyErr_SetString(PyExc_ValueError, "match_collectives: a collective of no group known");
+                goto error;
+            }
+            uint64_t at = op_hash(group, seq) & (uint64_t)(slots - 1);
+            while (table[at] != UINT32_MAX && (ops[table[at]].group != group || ops[table[at]].seq != seq))
+                at = (at + 1) & (uint64_t)(slots - 1);
+            if (table[at] == UINT32_MAX) {
+                table[at] = (uint32_t)op_total;
+                ops[op_total] = (OpSlot){group, seq, 0, 0};
+                op_total++;
+            }
+            uint32_t op = table[at];
+            ops[op].count++;
+            records[filed++] = (Record){op, (uint32_t)r, i};
+            /* touched[] lists the groups whose span this rank has, in order of first use */
+            if (span_rank[group] != r) {
+                span_rank[group] = r;
+                touched[touched_count++] = group;
+                span_first[group] = span_last[group] = seq;
+            } else if (seq > span_last[group]) {
+                span_last[group] = seq;
+            } else if (seq < span_first[group]) {
+                span_first[group] = seq;
+            }
+        }
+        for (Py_ssize_t t = 0; t < touched_count; t++) {
+            uint32_t group = touched[t];
+            PyObject *span = Py_BuildValue("(nILL)", r, group, (long long)span_first[group], (long long)span_last[group]);
+            if (span == NULL || PyList_Append(covered, span) < 0) {
+                Py_XDECREF(span);
+                goto error;
+            }
+            Py_DECREF(span);
         }
     }
-    return p2p;
+    /* Each op's rows together, in the order they were met (a counting sort, stable). */
+    if ((sorted = PyMem_Malloc(sizeof(Record) * ((size_t)total + 1))) == NULL) goto nomemory;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t o = 0; o < op_total; o++) {
+        ops[o].start = start;
+        start += ops[o].count;
+        ops[o].count = 0;
+    }
+    for (Py_ssize_t k = 0; k < filed; k++) {
+        OpSlot *op = &ops[records[k].op];
+        sorted[op->start + op->count++] = records[k];
+    }
+    if ((result_ops = PyList_New(op_total)) == NULL) goto error;
+    for (Py_ssize_t o = 0; o < op_total; o++) {
+        const Record *rows = &sorted[ops[o].start];
+        Py_ssize_t count = ops[o].count;
+        PyObject *by_rank = PyDict_New(), *list = NULL, *scan = NULL, *item = NULL;
+        if (by_rank == NULL) goto error;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            PyObject *entry = PyList_GetItem(inputs[rows[k].rank].entries, rows[k].row);
+            if (entry == NULL) goto op_error;
+            if (k > 0 && rows[k - 1].rank == rows[k].rank) {
+                if (PyList_Append(list, entry) < 0) goto op_error;
+                continue;
+            }
+            if ((list = PyList_New(1)) == NULL) goto op_error;
+            PyList_SetItem(list, 0, Py_NewRef(entry));
+            int set = PyDict_SetItem(by_rank, inputs[rows[k].rank].rank, list);
+            Py_DECREF(list); /* the dict holds it */
+            if (set < 0) goto op_error;
+        }
+        scan = scan_rows(inputs, rows, count, op_names, op_count, untracked, states, completed, scheduled, created_field);
+        if (scan == NULL) goto op_error;
+        item = Py_BuildValue("(ILNN)", ops[o].group, (long long)ops[o].seq, by_rank, scan);
+        if (item == NULL) goto error; /* Py_BuildValue's N took both, even failing */
+        PyList_SetItem(result_ops, o, item);
+        continue;
+    op_error:
+        Py_DECREF(by_rank);
+        Py_XDECREF(scan);
+        goto error;
+    }
+    result = PyTuple_Pack(3, result_ops, covered, p2p);
+    goto error; /* what follows frees what the result does not hold */
+nomemory:
+    PyErr_NoMemory();
+error:
+    PyMem_Free(inputs);
+    PyMem_Free(records);
+    PyMem_Free(sorted);
+    PyMem_Free(ops);
+    PyMem_Free(table);
+    PyMem_Free(span_first);
+    PyMem_Free(span_last);
+    PyMem_Free(span_rank);
+    PyMem_Free(touched);
+    Py_XDECREF(result_ops);
+    Py_XDECREF(covered);
+    Py_XDECREF(p2p);
+    return result;
 }
 
 PyDoc_STRVAR(scan_op_doc,
@@ -2405,7 +2587,7 @@ static PyMethodDef methods[] = {
     {"pickle_columns", (PyCFunction)(void (*)(void))pickle_columns, METH_FASTCALL, pickle_columns_doc},
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
      entries_from_columns_doc},
-    {"bucket_collectives", (PyCFunction)(void (*)(void))bucket_collectives, METH_FASTCALL, bucket_collectives_doc},
+    {"match_collectives", (PyCFunction)(void (*)(void))match_collectives, METH_FASTCALL, match_collectives_doc},
     {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
     {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
     {"scan_pickle", (PyCFunction)(void (*)(void))scan_pickle, METH_FASTCALL, scan_pickle_doc},

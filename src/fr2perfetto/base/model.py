@@ -7,6 +7,7 @@ into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,24 @@ def time_range(entries: Sequence[tuple[Any, ...]]) -> tuple[int, int] | None:
 
 
 @dataclass(slots=True)
+class RankColumns:
+    """One rank's entries as columns (``read.columns`` says which, and how they are made): each an
+    ``array`` of one value per entry, in the order the reader writes them, and the tables (name -> list of
+    values) that its id columns index."""
+
+    rank: int
+    columns: dict[str, array[Any]]
+    tables: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()), ()))
+
+    def to_bytes(self) -> bytes:
+        """Every column's bytes, then the tables' repr: equal for equal columns (what the tests compare)."""
+        return b"".join(column.tobytes() for column in self.columns.values()) + repr(self.tables).encode()
+
+
+@dataclass(slots=True)
 class RankDump:
     """One rank's dump, read and normalised."""
 
@@ -142,6 +161,10 @@ class RankDump:
     # groups whose collectives' seqs were renumbered (batches of older PyTorch consumed seqs): there a
     # send's or recv's collective seq is still on the old count
     renumbered_groups: list[str] = field(default_factory=list)
+    # ``entries`` as columns, their ids into tables shared by the ranks read together (``read.columns``),
+    # for what reads many entries at once (the matcher); None where the entries were made otherwise.
+    # Whoever replaces or changes the entries must reset it.
+    columns: RankColumns | None = None
 
     @property
     def has_timing(self) -> bool:

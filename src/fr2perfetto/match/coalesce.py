@@ -50,6 +50,7 @@ def link_coalesced(job: Job) -> None:
             ends[op] = closes_coalesced_group(op)
         if not any(ends[op] for op in ops):
             continue  # most ranks never coalesce: nothing to link
+        dump.columns = None  # its entries change here: the matcher reads them instead
         burnt = _link_rank(dump, ends)
         if burnt:
             _renumber_collectives(job, dump, burnt)

@@ -2,13 +2,18 @@
 
 Collectives match on (group, collective seq), where group means name plus members; send/recv by
 their order within each pair (``pairs``); coalesced groups are tied together first (``coalesce``).
-Every entry is visited a constant number of times (hash joins), so the cost grows linearly with the
-number of entries.
+Collectives are filed from the ranks' columns (``RankDump.columns``: group, seq, op, sizes, dtypes, state
+and creation time as arrays, ids into tables the ranks share), in one pass in C, where whether an op's
+ranks agree is a comparison of ids; the entries themselves are only put where they belong. Every entry
+is visited a constant number of times (hash joins), so the cost grows linearly with the number of
+entries.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, defaultdict
+from typing import Any
 
 from ..base.model import (
     COMPLETED,
@@ -28,6 +33,7 @@ from ..base.model import (
     state_entry,
 )
 from ..base.speedups import SPEEDUPS as _speedups
+from ..read.columns import STATES, JobTables, first_uses, from_entries, gather
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
@@ -37,27 +43,34 @@ CollectiveKey = tuple[Group, int]
 
 
 # Where the C speed-ups find what they read in an Entry.
-_BUCKET_FIELDS = tuple(Entry._fields.index(name) for name in ("group_name", "is_p2p", "collective_seq"))
 _SCAN_FIELDS = tuple(
     Entry._fields.index(name)
     for name in ("time_created_ns", "op", "input_sizes", "input_dtypes", "state", "backend", "closed_by")
 )
+_CREATED_FIELD = Entry._fields.index("time_created_ns")
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
+NO_GROUP = 0xFFFFFFFF  # in a rank's column of group indices: a group the rank does not know by that name
 
 
 def match_ops(job: Job) -> list[MatchedOp]:
     """Every op of the job, matched across ranks and classified, in the order the ops began."""
     link_coalesced(job)
-    collectives: dict[CollectiveKey, dict[int, list[Entry]]] = defaultdict(dict)
-    covered: dict[tuple[int, Group], list[int]] = {}  # (rank, group) -> [first seq, last seq]
-    bucket = _speedups.bucket_collectives if _speedups is not None else _bucket_collectives
     named: dict[int, dict[str, Group]] = defaultdict(dict)  # rank -> group name -> the group it means there
     for (rank, name), group in job.group_of.items():
         named[rank][name] = group
+    groups, inputs, op_names, untracked = _take_collective_columns(job, named)
+    match = _speedups.match_collectives if _speedups is not None else _match_collectives_in_python
+    filed, spans, p2p_lists = match(
+        inputs, len(groups), op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED),
+        _CREATED_FIELD,
+    )  # fmt: skip
+    ranks = list(job.dumps)
+    covered: dict[tuple[int, Group], list[int]] = {  # (rank, group) -> [first seq, last seq]
+        (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
+    }
     p2p_by_rank: dict[int, list[Entry]] = {}
-    for rank, dump in job.dumps.items():
-        p2p_entries = bucket(dump.entries, rank, named[rank], collectives, covered, _BUCKET_FIELDS)
+    for (rank, dump), p2p_entries in zip(job.dumps.items(), p2p_lists, strict=True):
         if p2p_entries:
             p2p_by_rank[rank] = p2p_entries
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
@@ -65,11 +78,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
 
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
-    for (group, seq), entries in collectives.items():
-        first_time, alike, pending, created, states = _scan(entries)
+    for group_index, seq, entries, scanned in filed:
+        first_time, alike, pending, created, states = scanned if scanned is not None else _scan(entries)
         op = MatchedOp(
-            group=group, kind="collective", seq=seq, entries=entries, first_time_ns=first_time, created_ns=created,
-            states=states,
+            group=groups[group_index], kind="collective", seq=seq, entries=entries, first_time_ns=first_time,
+            created_ns=created, states=states,
         )  # fmt: skip
         _find_absent(op, job, covered)
         ops.append(op)
@@ -93,35 +106,135 @@ def match_ops(job: Job) -> list[MatchedOp]:
     return ops
 
 
-def _bucket_collectives(
-    entries: list[Entry],
-    rank: int,
-    groups_by_name: dict[str, Group],
-    collectives: dict[CollectiveKey, dict[int, list[Entry]]],
-    covered: dict[tuple[int, Group], list[int]],
-    fields: tuple[int, ...] = (),
-) -> list[Entry]:
-    """File each collective entry of one rank under its (group, seq) in ``collectives`` and widen the
-    rank's span of seqs on that group in ``covered``; return the rank's p2p entries, in order.
+# What ``_match_collectives_in_python`` reads of a rank: (rank, entries, and columns as bytes: group index
+# (uint32), collective seq (int64), op, input sizes and input dtypes (uint32 ids into the job's tables),
+# state (uint8, an index into ``STATES``), created (int64), is p2p (uint8), and in a coalesced group (uint8,
+# or None where none is)).
+RankInput = tuple[int, list[Entry], bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
+_INPUT_COLUMNS = ("group", "seq", "op", "sizes", "dtypes", "state", "created", "is_p2p")
+# (group index, seq, rank -> its entries, the op's scan or None), as ``_scan`` gives it
+Filed = tuple[int, int, dict[int, list[Entry]], tuple[int, bool, int, list[int], list[str]] | None]
 
-    ``_speedups.bucket_collectives`` does the same in C (``fields``: where it finds what it reads).
+
+def _take_collective_columns(
+    job: Job, named: dict[int, dict[str, Group]]
+) -> tuple[list[Group], list[RankInput], bytes, bytes]:
+    """What ``_match_collectives_in_python`` is given: the groups the job's collectives are filed under,
+    each rank's input, and per op id of the tables the ids index, its name's index (one per op name) and
+    whether its backend records no completion.
+
+    The columns are those the reader made (``RankDump.columns``), with ids into tables every rank shares;
+    a rank without them (entries made otherwise, or changed since) has them made from its entries, and
+    where the ranks' columns do not share their tables they are merged into one set. Each dump's columns
+    are taken from it as they are read (nothing reads them after the matcher), so that a rank's columns
+    and the bytes made of them for the matcher are not held both at once across the job.
     """
-    p2p_entries = []
-    for entry in entries:
-        if entry.is_p2p:
-            p2p_entries.append(entry)
-            continue
-        group = groups_by_name[entry.group_name]
-        seq = entry.collective_seq
-        collectives[(group, seq)].setdefault(rank, []).append(entry)
-        span = covered.get((rank, group))
-        if span is None:
-            covered[(rank, group)] = [seq, seq]
-        elif seq > span[1]:
-            span[1] = seq
-        elif seq < span[0]:
-            span[0] = seq
-    return p2p_entries
+    made = {
+        rank: dump.columns if dump.columns is not None else from_entries(rank, dump.entries)
+        for rank, dump in job.dumps.items()
+    }
+    uses = Counter(id(rank_columns.tables) for rank_columns in made.values())
+    if len(uses) > 1:  # the tables most ranks index go on; the other ranks' ids are moved into them
+        most = next(c.tables for c in made.values() if id(c.tables) == uses.most_common(1)[0][0])
+        tables = JobTables.going_on_from(most)
+        made = {rank: c if c.tables is most else tables.merge(c) for rank, c in made.items()}
+    ops_table = next(iter(made.values())).tables["ops"] if made else []
+    names: dict[str, int] = {}
+    op_names = array("I", [names.setdefault(op, len(names)) for _, op in ops_table])
+    untracked = bytes(backend in NO_COMPLETION_BACKENDS for backend, _ in ops_table)
+    groups: list[Group] = []
+    index_of: dict[Group, int] = {}
+    inputs: list[RankInput] = []
+    for rank, dump in job.dumps.items():
+        rank_columns = made.pop(rank)
+        c = rank_columns.columns
+        known = named[rank]
+        table = rank_columns.tables["groups"]
+        remap = array("I", [NO_GROUP]) * len(table)
+        for group_id in first_uses(c["group"].tobytes()):
+            group = known.get(table[group_id][0])
+            if group is not None:
+                remap[group_id] = index_of.setdefault(group, len(index_of))
+                if remap[group_id] == len(groups):
+                    groups.append(group)
+        flagged = None
+        if dump.columns is None and any(entry.closed_by is not None for entry in dump.entries):
+            flagged = bytes(entry.closed_by is not None for entry in dump.entries)
+        dump.columns = None
+        inputs.append((
+            rank, dump.entries, gather(c["group"].tobytes(), remap.tobytes(), 4), c["collective_seq"].tobytes(),
+            c["op"].tobytes(), c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
+            c["created"].tobytes(), c["is_p2p"].tobytes(), flagged,
+        ))  # fmt: skip
+    return groups, inputs, op_names.tobytes(), untracked
+
+
+def _match_collectives_in_python(
+    ranks: list[RankInput],
+    group_count: int,
+    op_names: bytes,
+    untracked: bytes,
+    states: tuple[str, ...],
+    completed: int,
+    scheduled: int,
+    created_field: int,
+) -> tuple[list[Filed], list[tuple[int, int, int, int]], list[list[Entry]]]:
+    """File every rank's collective entries by (group index, collective seq), from the ranks' columns
+    (``RankInput``); ``_speedups.match_collectives`` does the same in C. Return:
+
+    - the ops, in the order they are first met (rank by rank, row by row): (group index, seq, rank ->
+      its entries in order, and the op's scan as ``_scan_in_python`` makes it where every rank holds one
+      entry, none in a coalesced group, else None). Entries' ops agree where their op names (the index
+      ``op_names`` gives each op id) and their sizes' and dtypes' ids do: the ids of one set of tables are
+      one per value. A state is pending unless completed, or scheduled on a backend that records no
+      completion (``untracked``, per op id). A creation time is the entry's own (``created_field``);
+    - each rank's span of seqs on each group it issued collectives of: (rank index, group index,
+      first, last), in the order met;
+    - each rank's p2p entries, in order.
+    """
+    names = array("I", op_names)
+    ops: dict[tuple[int, int], dict[int, list[int]]] = {}  # (group, seq) -> rank index -> rows
+    spans: list[tuple[int, int, int, int]] = []
+    p2p_lists: list[list[Entry]] = []
+    read: list[dict[str, Any]] = []  # per rank: column name -> its values
+    for index, (_, entries, *raw, flagged) in enumerate(ranks):
+        c: dict[str, Any] = {
+            name: array(kind, data) for name, kind, data in zip(_INPUT_COLUMNS, "IqIIIBqB", raw, strict=True)
+        }
+        c["flagged"] = flagged or bytes(len(entries))
+        read.append(c)
+        p2p_lists.append([entry for entry, p2p in zip(entries, c["is_p2p"], strict=True) if p2p])
+        span: dict[int, list[int]] = {}  # group -> [first seq, last seq]
+        for row, (group, seq, p2p) in enumerate(zip(c["group"], c["seq"], c["is_p2p"], strict=True)):
+            if p2p:
+                continue
+            if group >= group_count:
+                raise ValueError("match_collectives: a collective of no group known")
+            ops.setdefault((group, seq), {}).setdefault(index, []).append(row)
+            first_last = span.setdefault(group, [seq, seq])
+            first_last[:] = min(first_last[0], seq), max(first_last[1], seq)
+        spans += [(index, group, first, last) for group, (first, last) in span.items()]
+    filed: list[Filed] = []
+    for (group, seq), rows_by_rank in ops.items():
+        by_rank = {ranks[index][0]: [ranks[index][1][row] for row in rows] for index, rows in rows_by_rank.items()}
+        scanned = None
+        if all(len(rows) == 1 and not read[index]["flagged"][rows[0]] for index, rows in rows_by_rank.items()):
+            parts = [(read[index], rows[0]) for index, rows in rows_by_rank.items()]
+            (reference, at), *_ = parts
+            alike = all(
+                (names[c["op"][row]], c["sizes"][row], c["dtypes"][row])
+                == (names[reference["op"][at]], reference["sizes"][at], reference["dtypes"][at])
+                for c, row in parts
+            )
+            pending = sum(
+                c["state"][row] != completed and not (untracked[c["op"][row]] and c["state"][row] == scheduled)
+                for c, row in parts
+            )
+            created_ns: list[int] = [entries[0][created_field] for entries in by_rank.values()]  # type: ignore[misc]
+            first = min(range(len(parts)), key=lambda k: parts[k][0]["created"][parts[k][1]])
+            scanned = (created_ns[first], alike, pending, created_ns, [states[c["state"][row]] for c, row in parts])
+        filed.append((group, seq, by_rank, scanned))
+    return filed, spans, p2p_lists
 
 
 def _widen_by_p2p(

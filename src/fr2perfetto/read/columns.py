@@ -1,9 +1,9 @@
 """A rank's entries as columns: fixed-width arrays, one value per entry, and ids into interned tables.
 
-Stage 1 of the columnar core (docs/scaling.md, "The columnar core"): the reader writes these, a reading
-process sends them to the parent, and the parent makes ``Entry`` objects from them (for now: later,
-entries are views of a row). Every column is the standard library's ``array``; None, where a field may
-be None, is a sentinel:
+The columnar core (docs/scaling.md, "The columnar core"): the reader writes these, a reading process
+sends them to the parent, and the parent makes ``Entry`` objects from them (for now: later, entries are
+views of a row) and keeps the columns the matcher files collectives by (``KEPT_COLUMNS``). Every column
+is the standard library's ``array``; None, where a field may be None, is a sentinel:
 
 =================  ==========  ===================================================================
 column             type        holds
@@ -31,12 +31,11 @@ import math
 from array import array
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from typing import Any
 
-from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry
+from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry, RankColumns, RankDump
 from ..base.speedups import SPEEDUPS as _speedups
 
 NONE = -1  # None in an int column: no time, timeout or peer of a real op is negative
@@ -57,22 +56,8 @@ _TYPES = {
 COLUMNS = tuple(_TYPES)
 
 Tables = dict[str, list[Any]]
-
-
-@dataclass(slots=True)
-class RankColumns:
-    """One rank's entries as columns (``COLUMNS``, each an ``array``) and the tables its ids index."""
-
-    rank: int
-    columns: dict[str, array[Any]]
-    tables: Tables
-
-    def __len__(self) -> int:
-        return len(self.columns["record_id"])
-
-    def to_bytes(self) -> bytes:
-        """Every column's bytes, then the tables' repr: equal for equal columns (what the tests compare)."""
-        return b"".join(self.columns[name].tobytes() for name in COLUMNS) + repr(self.tables).encode()
+# What a dump keeps of its columns beside its entries (``RankDump.columns``): what the matcher reads.
+KEPT_COLUMNS = ("group", "collective_seq", "op", "input_sizes", "input_dtypes", "state", "created", "is_p2p")
 
 
 def _ids(values: Sequence[Any] | map[Any], table: dict[Any, int]) -> array[int]:
@@ -143,7 +128,7 @@ def from_raw(
         "p2p_dst": array("i", [NONE if m[2] is None else m[2][1] for m in made]),
     }
     for name, values in per_shape.items():
-        columns[name] = _from_bytes(values.typecode, _gather(shape_ids, values.tobytes(), values.itemsize))
+        columns[name] = _from_bytes(values.typecode, gather(shape_ids, values.tobytes(), values.itemsize))
     tables: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
     for name, index in (("group", 0), ("op", 1), ("thread", 7)):
         columns[name] = _renumbered(shape_ids, [m[index] for m in made].__getitem__, tables[ID_COLUMNS[name]])
@@ -168,28 +153,29 @@ def _from_bytes(kind: str, chunk: bytes) -> array[Any]:
     return column
 
 
-def gather(ids: bytes, table: bytes, width: int) -> bytes:
+def gather_in_python(ids: bytes, table: bytes, width: int) -> bytes:
     """``table``'s item ``ids[i]`` (``width`` bytes each) for each uint32 of ``ids``; ``_speedups.gather``."""
     return b"".join(table[width * i : width * i + width] for i in _from_bytes("I", ids))
 
 
-def first_uses(ids: bytes) -> list[int]:
+def first_uses_in_python(ids: bytes) -> list[int]:
     """The distinct uint32s of ``ids`` in order of first use; ``_speedups.first_uses``."""
     return list(dict.fromkeys(_from_bytes("I", ids)))
 
 
-_gather = gather if _speedups is None else _speedups.gather
-_first_uses = first_uses if _speedups is None else _speedups.first_uses
+# ``gather_in_python`` and ``first_uses_in_python``, in C where the speed-ups are built
+gather: Callable[[bytes, bytes, int], bytes] = gather_in_python if _speedups is None else _speedups.gather
+first_uses: Callable[[bytes], list[int]] = first_uses_in_python if _speedups is None else _speedups.first_uses
 
 
 def _renumbered(raw: bytes, value_of: Callable[[int], Hashable], table: dict[Any, int]) -> array[int]:
     """``raw`` ids (uint32 bytes) as ids into ``table`` of their values (``value_of``), given in order of
     first use."""
-    uses = _first_uses(raw)
+    uses = first_uses(raw)
     remap = array("I", bytes(4 * (max(uses, default=0) + 1)))
     for raw_id in uses:
         remap[raw_id] = table.setdefault(value_of(raw_id), len(table))
-    return _from_bytes("I", _gather(raw, remap.tobytes(), 4))
+    return _from_bytes("I", gather(raw, remap.tobytes(), 4))
 
 
 class JobTables:
@@ -202,6 +188,15 @@ class JobTables:
         self.ints: dict[int, int] = {}
         self.ids: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
         self.values: Tables = {name: [] for name in TABLES}
+
+    @classmethod
+    def going_on_from(cls, tables: Tables) -> JobTables:
+        """Job tables that go on from ``tables``, a set that ranks' columns index already: each of its values
+        keeps its id, and a rank merged in gets ids into it (new values appended)."""
+        job = cls({})
+        job.values = tables
+        job.ids = {name: {value: index for index, value in enumerate(values)} for name, values in tables.items()}
+        return job
 
     def _shared(self, value: Any) -> Any:
         if type(value) is tuple and value and type(value[0]) is str:  # (name, desc) and such: each part too
@@ -224,14 +219,18 @@ class JobTables:
         columns = dict(rank.columns)
         for name, table in ID_COLUMNS.items():
             remap = remaps[table]
-            if remap != list(range(len(remap))):
+            if name in columns and remap != list(range(len(remap))):
                 columns[name] = array("I", map(remap.__getitem__, columns[name]))
         return RankColumns(rank.rank, columns, self.values)
 
-    def entries(self, rank: RankColumns) -> list[Entry]:
-        """``rank``'s entries, its tables merged into the job's first: every name, size, dtype list and
-        stack, and every id, seq and timeout value, one object across the job's ranks."""
-        return to_entries(self.merge(rank), make_entries, self.canonical, self.ints)
+    def fill(self, dump: RankDump, rank: RankColumns) -> None:
+        """Give ``dump`` its entries, made from ``rank``, and those of its columns the matcher reads
+        (``KEPT_COLUMNS``: the entries hold the rest), both after ``rank``'s tables are merged into the
+        job's: every name, size, dtype list and stack, and every id, seq and timeout value, one object
+        across the job's ranks, and one id per value in every rank's columns."""
+        merged = self.merge(rank)
+        dump.entries = to_entries(merged, make_entries, self.canonical, self.ints)
+        dump.columns = RankColumns(rank.rank, {name: merged.columns[name] for name in KEPT_COLUMNS}, self.values)
 
 
 _BOOLS = (False, True)

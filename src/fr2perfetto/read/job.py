@@ -22,6 +22,7 @@ from ..base.model import (
     Group,
     LoadProblem,
     LogEvent,
+    RankColumns,
     RankDump,
     StackSnapshot,
     group_counts,
@@ -30,7 +31,7 @@ from ..base.model import (
 )
 from ..base.pools import process_pool
 from ..base.text import is_number, path_text, shown
-from .columns import JobTables, RankColumns
+from .columns import JobTables
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
@@ -136,7 +137,7 @@ def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadP
     if isinstance(packed, LoadProblem):
         return packed
     dump, rank_columns = packed
-    dump.entries = tables.entries(rank_columns)
+    tables.fill(dump, rank_columns)
     return dump
 
 

@@ -25,6 +25,7 @@ from ..base.model import (
     Entry,
     Frame,
     GroupConfig,
+    RankColumns,
     RankDump,
     group_counts,
     time_range,
@@ -32,7 +33,6 @@ from ..base.model import (
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import path_text, safe_text
 from . import columns
-from .columns import RankColumns
 from .files import DumpName, NotRegularFile, open_regular, parse_dump_name
 from .pickle_shape import MAX_DEPTH, max_nodes
 from .safe_pickle import RefusedPickle, loads_plain
@@ -78,7 +78,7 @@ def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BY
     if walked is None:
         return read_dump_reference(path, data, max_bytes)
     dump, rank_columns = walked
-    dump.entries = columns.JobTables({}).entries(rank_columns)
+    columns.JobTables({}).fill(dump, rank_columns)
     return dump
 
 
