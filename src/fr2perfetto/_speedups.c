@@ -308,18 +308,21 @@ typedef struct {
     const uint8_t *state, *is_p2p, *flagged; /* flagged: NULL where no entry is */
 } RankInput;
 
-/* An op: a (group, seq) met, with where its rows are in the sorted records. */
+/* An op: a (group, seq) met, and what is known of it as its rows are filed. */
 typedef struct {
     uint32_t group;
     int64_t seq;
-    Py_ssize_t count, start;
+    Py_ssize_t count;   /* its rows */
+    Py_ssize_t filled;  /* rows filed so far, in the third pass */
+    Py_ssize_t rank;    /* the rank (index into the inputs) of its latest row, in the pass under way */
+    int scanned;        /* 1 while every rank holds one row, none in a coalesced group: scanned here */
+    int alike;
+    Py_ssize_t pending;
+    int64_t first;      /* the earliest creation time, and the object of the entry that holds it */
+    PyObject *first_time;
+    uint32_t op_name, sizes, dtypes; /* the first row's, which the others must match */
+    PyObject *by_rank, *list, *created_ns, *states; /* list: the latest rank's (borrowed from by_rank) */
 } OpSlot;
-
-/* A collective row: the op it belongs to, its rank (index into the inputs) and its row there. */
-typedef struct {
-    uint32_t op, rank;
-    Py_ssize_t row;
-} Record;
 
 static uint64_t op_hash(uint32_t group, int64_t seq) {
     uint64_t h = (uint64_t)seq * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)group + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL;
@@ -349,59 +352,95 @@ static int read_rank_input(PyObject *spec, RankInput *in) {
     return 0;
 }
 
-/* The scan of an op whose every rank holds one row, none in a coalesced group (match._scan_in_python);
- * Py_None where that is not so. New reference; NULL with an error set. */
-static PyObject *scan_rows(const RankInput *inputs, const Record *records, Py_ssize_t count, const uint32_t *op_names,
-                           Py_ssize_t op_count, const uint8_t *untracked, PyObject *states, int completed,
-                           int scheduled, Py_ssize_t created_field) {
-    for (Py_ssize_t k = 0; k < count; k++) {
-        const RankInput *in = &inputs[records[k].rank];
-        if ((k > 0 && records[k - 1].rank == records[k].rank) || (k + 1 < count && records[k + 1].rank == records[k].rank) ||
-            (in->flagged != NULL && in->flagged[records[k].row]))
-            Py_RETURN_NONE;
+/* The index of (group, seq) in ops, added when new; -1 with an error set when out of memory. The table
+ * (of op indices, UINT32_MAX for empty) is kept under half full, doubling as ops are added. */
+static Py_ssize_t op_index(OpSlot **ops, Py_ssize_t *op_count, Py_ssize_t *op_room, uint32_t **table,
+                           Py_ssize_t *slots, uint32_t group, int64_t seq) {
+    uint64_t mask = (uint64_t)*slots - 1, at = op_hash(group, seq) & mask;
+    uint32_t *t = *table;
+    while (t[at] != UINT32_MAX && ((*ops)[t[at]].group != group || (*ops)[t[at]].seq != seq)) at = (at + 1) & mask;
+    if (t[at] != UINT32_MAX) return t[at];
+    if (*op_count >= UINT32_MAX - 1) {
+        PyErr_SetString(PyExc_ValueError, "match_collectives: too many ops");
+        return -1;
     }
-    PyObject *created_ns = PyList_New(count), *state_list = PyList_New(count), *first_time = NULL;
-    if (created_ns == NULL || state_list == NULL) goto error;
-    int64_t first = 0;
-    int alike = 1;
-    Py_ssize_t pending = 0;
-    const RankInput *ref_in = &inputs[records[0].rank];
-    Py_ssize_t ref_row = records[0].row;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        const RankInput *in = &inputs[records[k].rank];
-        Py_ssize_t row = records[k].row;
-        PyObject *entry = PyList_GetItem(in->entries, row);
-        if (entry == NULL || !PyTuple_Check(entry) || LENGTH(entry) <= created_field) {
-            PyErr_SetString(PyExc_TypeError, "match_collectives: not an entry");
-            goto error;
-        }
-        PyObject *created = PyTuple_GetItem(entry, created_field);
-        PyList_SetItem(created_ns, k, Py_NewRef(created));
-        if (k == 0 || in->created[row] < first) {
-            first = in->created[row];
-            first_time = created;
-        }
-        uint32_t op = in->op[row], ref_op = ref_in->op[ref_row];
-        if (op >= (uint32_t)op_count || ref_op >= (uint32_t)op_count) {
-            PyErr_SetString(PyExc_ValueError, "match_collectives: an op id beyond the table");
-            goto error;
-        }
-        if (alike && (op_names[op] != op_names[ref_op] || in->sizes[row] != ref_in->sizes[ref_row] ||
-                      in->dtypes[row] != ref_in->dtypes[ref_row]))
-            alike = 0;
-        int state = in->state[row];
-        if (state >= LENGTH(states)) {
-            PyErr_SetString(PyExc_ValueError, "match_collectives: a state beyond the table");
-            goto error;
-        }
-        PyList_SetItem(state_list, k, Py_NewRef(PyTuple_GetItem(states, state)));
-        if (state != completed && (!untracked[op] || state != scheduled)) pending++;
+    if (*op_count == *op_room) {
+        OpSlot *grown = PyMem_Realloc(*ops, sizeof(OpSlot) * (size_t)(*op_room * 2));
+        if (grown == NULL) return PyErr_NoMemory(), -1;
+        *ops = grown;
+        *op_room *= 2;
     }
-    return Py_BuildValue("(OOnNN)", first_time, alike ? Py_True : Py_False, pending, created_ns, state_list);
-error:
-    Py_XDECREF(created_ns);
-    Py_XDECREF(state_list);
-    return NULL;
+    OpSlot *op = &(*ops)[*op_count];
+    memset(op, 0, sizeof(OpSlot));
+    op->group = group;
+    op->seq = seq;
+    op->rank = -1;
+    op->scanned = 1;
+    t[at] = (uint32_t)*op_count;
+    if (2 * (*op_count + 1) > *slots) { /* rehash into twice the slots */
+        Py_ssize_t grown_slots = *slots * 2;
+        uint32_t *grown = PyMem_Malloc(sizeof(uint32_t) * (size_t)grown_slots);
+        if (grown == NULL) return PyErr_NoMemory(), -1;
+        memset(grown, 0xFF, sizeof(uint32_t) * (size_t)grown_slots);
+        uint64_t grown_mask = (uint64_t)grown_slots - 1;
+        for (Py_ssize_t o = 0; o <= *op_count; o++) {
+            uint64_t place = op_hash((*ops)[o].group, (*ops)[o].seq) & grown_mask;
+            while (grown[place] != UINT32_MAX) place = (place + 1) & grown_mask;
+            grown[place] = (uint32_t)o;
+        }
+        PyMem_Free(*table);
+        *table = grown;
+        *slots = grown_slots;
+    }
+    return (*op_count)++;
+}
+
+/* File the entry at ``row`` of rank ``r`` under ``op`` (its list in the op's dict), and scan it. */
+static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t r, Py_ssize_t row, const uint32_t *op_names,
+                    const uint8_t *untracked, PyObject *states, int completed, int scheduled, Py_ssize_t created_field) {
+    PyObject *entry = PyList_GetItem(in->entries, row); /* NULL where the list shrank meanwhile */
+    if (entry == NULL) return -1;
+    if (op->rank == r) {
+        if (PyList_Append(op->list, entry) < 0) return -1;
+    } else {
+        PyObject *list = PyList_New(1);
+        if (list == NULL) return -1;
+        PyList_SetItem(list, 0, Py_NewRef(entry));
+        int set = PyDict_SetItem(op->by_rank, in->rank, list);
+        Py_DECREF(list); /* the dict holds it */
+        if (set < 0) return -1;
+        op->list = list;
+        op->rank = r;
+    }
+    if (!op->scanned) return 0;
+    if (!PyTuple_Check(entry) || LENGTH(entry) <= created_field) {
+        PyErr_SetString(PyExc_TypeError, "match_collectives: not an entry");
+        return -1;
+    }
+    PyObject *created = PyTuple_GetItem(entry, created_field);
+    uint32_t op_name = op_names[in->op[row]];
+    if (op->filled == 0) {
+        op->first = in->created[row];
+        op->first_time = created;
+        op->op_name = op_name;
+        op->sizes = in->sizes[row];
+        op->dtypes = in->dtypes[row];
+    } else if (in->created[row] < op->first) {
+        op->first = in->created[row];
+        op->first_time = created;
+    }
+    if (op->alike && (op_name != op->op_name || in->sizes[row] != op->sizes || in->dtypes[row] != op->dtypes))
+        op->alike = 0;
+    int state = in->state[row];
+    if (op->filled >= LENGTH(op->created_ns)) {
+        PyErr_SetString(PyExc_RuntimeError, "match_collectives: an op's rows changed while they were filed");
+        return -1;
+    }
+    PyList_SetItem(op->created_ns, op->filled, Py_NewRef(created));
+    PyList_SetItem(op->states, op->filled, Py_NewRef(PyTuple_GetItem(states, state)));
+    op->filled++;
+    if (state != completed && (!untracked[in->op[row]] || state != scheduled)) op->pending++;
+    return 0;
 }
 
 static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -416,39 +455,45 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_TypeError, "match_collectives: bad arguments");
         return NULL;
     }
-    Py_ssize_t op_count = PyBytes_Size(args[2]) / 4;
-    if (PyBytes_Size(args[3]) != op_count) {
+    Py_ssize_t op_table = PyBytes_Size(args[2]) / 4;
+    if (PyBytes_Size(args[3]) != op_table) {
         PyErr_SetString(PyExc_ValueError, "match_collectives: op names and untracked of different lengths");
         return NULL;
     }
     const uint32_t *op_names = (const uint32_t *)PyBytes_AsString(args[2]);
     const uint8_t *untracked = (const uint8_t *)PyBytes_AsString(args[3]);
-    Py_ssize_t rank_count = LENGTH(ranks), total = 0, op_total = 0, slots = 16;
+    Py_ssize_t rank_count = LENGTH(ranks), total = 0, op_count = 0, op_room = 1024, slots = 4096;
     RankInput *inputs = NULL;
-    Record *records = NULL, *sorted = NULL;
     OpSlot *ops = NULL;
+    uint32_t *op_of = NULL, *table = NULL, *touched = NULL;
     int64_t *span_first = NULL, *span_last = NULL;
     Py_ssize_t *span_rank = NULL; /* the rank whose span of the group span_first and span_last hold */
-    uint32_t *table = NULL, *touched = NULL;
     PyObject *result_ops = NULL, *covered = NULL, *p2p = NULL, *result = NULL;
     if ((inputs = PyMem_Calloc((size_t)rank_count + 1, sizeof(RankInput))) == NULL) goto nomemory;
     for (Py_ssize_t r = 0; r < rank_count; r++) {
         if (read_rank_input(PyList_GetItem(ranks, r), &inputs[r]) < 0) goto error;
-        for (Py_ssize_t i = 0; i < inputs[r].rows; i++) total += !inputs[r].is_p2p[i];
+        for (Py_ssize_t i = 0; i < inputs[r].rows; i++) {
+            total += !inputs[r].is_p2p[i];
+            if (inputs[r].state[i] >= LENGTH(states) || (uint64_t)inputs[r].op[i] >= (uint64_t)op_table) {
+                PyErr_SetString(PyExc_ValueError, "match_collectives: a state or an op id beyond its table");
+                goto error;
+            }
+        }
     }
-    while (slots < 2 * total) slots *= 2;
-    if ((records = PyMem_Malloc(sizeof(Record) * ((size_t)total + 1))) == NULL ||
-        (ops = PyMem_Malloc(sizeof(OpSlot) * ((size_t)total + 1))) == NULL ||
+    if ((op_of = PyMem_Malloc(sizeof(uint32_t) * ((size_t)total + 1))) == NULL ||
+        (ops = PyMem_Malloc(sizeof(OpSlot) * (size_t)op_room)) == NULL ||
         (table = PyMem_Malloc(sizeof(uint32_t) * (size_t)slots)) == NULL ||
         (span_first = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
         (span_last = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
         (span_rank = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)group_count + 1))) == NULL ||
         (touched = PyMem_Malloc(sizeof(uint32_t) * ((size_t)group_count + 1))) == NULL)
         goto nomemory;
-    for (Py_ssize_t g = 0; g < group_count; g++) span_rank[g] = -1;
     memset(table, 0xFF, sizeof(uint32_t) * (size_t)slots);
+    for (Py_ssize_t g = 0; g < group_count; g++) span_rank[g] = -1;
     if ((covered = PyList_New(0)) == NULL || (p2p = PyList_New(rank_count)) == NULL) goto error;
-    /* File each collective row under its op, first met first; widen the rank's span on its group. */
+    /* First pass, rank by rank: each collective row's op (first met first), each rank's span of seqs on
+     * each group, its sends and recvs, and which ops some rank holds several rows of, or one inside a
+     * coalesced group (those are scanned by the caller, from their entries). */
     Py_ssize_t filed = 0;
     for (Py_ssize_t r = 0; r < rank_count; r++) {
         const RankInput *in = &inputs[r];
@@ -468,19 +513,14 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
                 PyErr_SetString(PyExc_ValueError, "match_collectives: a collective of no group known");
                 goto error;
             }
-            uint64_t at = op_hash(group, seq) & (uint64_t)(slots - 1);
-            while (table[at] != UINT32_MAX && (ops[table[at]].group != group || ops[table[at]].seq != seq))
-                at = (at + 1) & (uint64_t)(slots - 1);
-            if (table[at] == UINT32_MAX) {
-                table[at] = (uint32_t)op_total;
-                ops[op_total] = (OpSlot){group, seq, 0, 0};
-                op_total++;
-            }
-            uint32_t op = table[at];
-            ops[op].count++;
-            records[filed++] = (Record){op, (uint32_t)r, i};
-            /* touched[] lists the groups whose span this rank has, in order of first use */
-            if (span_rank[group] != r) {
+            Py_ssize_t o = op_index(&ops, &op_count, &op_room, &table, &slots, group, seq);
+            if (o < 0) goto error;
+            OpSlot *op = &ops[o];
+            op->count++;
+            if (op->rank == r || (in->flagged != NULL && in->flagged[i])) op->scanned = 0;
+            op->rank = r;
+            op_of[filed++] = (uint32_t)o;
+            if (span_rank[group] != r) { /* touched[] lists the rank's groups in order of first use */
                 span_rank[group] = r;
                 touched[touched_count++] = group;
                 span_first[group] = span_last[group] = seq;
@@ -500,57 +540,58 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
             Py_DECREF(span);
         }
     }
-    /* Each op's rows together, in the order they were met (a counting sort, stable). */
-    if ((sorted = PyMem_Malloc(sizeof(Record) * ((size_t)total + 1))) == NULL) goto nomemory;
-    Py_ssize_t start = 0;
-    for (Py_ssize_t o = 0; o < op_total; o++) {
-        ops[o].start = start;
-        start += ops[o].count;
-        ops[o].count = 0;
+    for (Py_ssize_t o = 0; o < op_count; o++) {
+        OpSlot *op = &ops[o];
+        op->rank = -1;
+        op->alike = 1;
+        if ((op->by_rank = PyDict_New()) == NULL) goto error;
+        if (op->scanned && ((op->created_ns = PyList_New(op->count)) == NULL || (op->states = PyList_New(op->count)) == NULL))
+            goto error;
     }
-    for (Py_ssize_t k = 0; k < filed; k++) {
-        OpSlot *op = &ops[records[k].op];
-        sorted[op->start + op->count++] = records[k];
-    }
-    if ((result_ops = PyList_New(op_total)) == NULL) goto error;
-    for (Py_ssize_t o = 0; o < op_total; o++) {
-        const Record *rows = &sorted[ops[o].start];
-        Py_ssize_t count = ops[o].count;
-        PyObject *by_rank = PyDict_New(), *list = NULL, *scan = NULL, *item = NULL;
-        if (by_rank == NULL) goto error;
-        for (Py_ssize_t k = 0; k < count; k++) {
-            PyObject *entry = PyList_GetItem(inputs[rows[k].rank].entries, rows[k].row);
-            if (entry == NULL) goto op_error;
-            if (k > 0 && rows[k - 1].rank == rows[k].rank) {
-                if (PyList_Append(list, entry) < 0) goto op_error;
-                continue;
+    /* Second pass, rank by rank again, row by row: a rank's entries lie together in memory, and so do
+     * the ops it meets one after the other; each entry goes into its op's list for its rank. */
+    filed = 0;
+    for (Py_ssize_t r = 0; r < rank_count; r++) {
+        const RankInput *in = &inputs[r];
+        for (Py_ssize_t i = 0; i < in->rows; i++) {
+            if (in->is_p2p[i]) continue;
+            if (filed >= total) {
+                PyErr_SetString(PyExc_RuntimeError, "match_collectives: the rows changed while they were filed");
+                goto error;
             }
-            if ((list = PyList_New(1)) == NULL) goto op_error;
-            PyList_SetItem(list, 0, Py_NewRef(entry));
-            int set = PyDict_SetItem(by_rank, inputs[rows[k].rank].rank, list);
-            Py_DECREF(list); /* the dict holds it */
-            if (set < 0) goto op_error;
+            if (file_row(&ops[op_of[filed++]], in, r, i, op_names, untracked, states, completed, scheduled,
+                         created_field) < 0)
+                goto error;
         }
-        scan = scan_rows(inputs, rows, count, op_names, op_count, untracked, states, completed, scheduled, created_field);
-        if (scan == NULL) goto op_error;
-        item = Py_BuildValue("(ILNN)", ops[o].group, (long long)ops[o].seq, by_rank, scan);
-        if (item == NULL) goto error; /* Py_BuildValue's N took both, even failing */
+    }
+    if ((result_ops = PyList_New(op_count)) == NULL) goto error;
+    for (Py_ssize_t o = 0; o < op_count; o++) {
+        OpSlot *op = &ops[o];
+        PyObject *scan = Py_None, *item;
+        if (op->scanned) {
+            scan = Py_BuildValue("(OOnOO)", op->first_time, op->alike ? Py_True : Py_False, op->pending,
+                                 op->created_ns, op->states);
+            if (scan == NULL) goto error;
+        } else {
+            Py_INCREF(scan);
+        }
+        item = Py_BuildValue("(ILON)", op->group, (long long)op->seq, op->by_rank, scan);
+        if (item == NULL) goto error;
         PyList_SetItem(result_ops, o, item);
-        continue;
-    op_error:
-        Py_DECREF(by_rank);
-        Py_XDECREF(scan);
-        goto error;
     }
     result = PyTuple_Pack(3, result_ops, covered, p2p);
     goto error; /* what follows frees what the result does not hold */
 nomemory:
     PyErr_NoMemory();
 error:
+    for (Py_ssize_t o = 0; ops != NULL && o < op_count; o++) {
+        Py_XDECREF(ops[o].by_rank);
+        Py_XDECREF(ops[o].created_ns);
+        Py_XDECREF(ops[o].states);
+    }
     PyMem_Free(inputs);
-    PyMem_Free(records);
-    PyMem_Free(sorted);
     PyMem_Free(ops);
+    PyMem_Free(op_of);
     PyMem_Free(table);
     PyMem_Free(span_first);
     PyMem_Free(span_last);

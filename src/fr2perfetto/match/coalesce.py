@@ -29,6 +29,7 @@ from collections.abc import Callable
 from operator import attrgetter
 
 from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, ranks_label
+from ..read.columns import first_uses
 from ..read.job import Job
 
 _op_of = attrgetter("op")
@@ -45,7 +46,7 @@ def link_coalesced(job: Job) -> None:
     collectives of ranks whose batches consumed collective seqs (each noted in ``job.problems``)."""
     ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
     for dump in job.dumps.values():
-        ops = set(map(_op_of, dump.entries))
+        ops = _op_names(dump)
         for op in ops - ends.keys():
             ends[op] = closes_coalesced_group(op)
         if not any(ends[op] for op in ops):
@@ -67,6 +68,15 @@ def link_coalesced(job: Job) -> None:
                 fatal=False,
             )
         )
+
+
+def _op_names(dump: RankDump) -> set[str]:
+    """The names of the ops ``dump`` holds: from its op column where it has one (without reaching each
+    entry), else from its entries."""
+    if dump.columns is None:
+        return set(map(_op_of, dump.entries))
+    ops = dump.columns.tables["ops"]  # (backend, op) pairs
+    return {ops[op_id][1] for op_id in first_uses(dump.columns.columns["op"].tobytes())}
 
 
 def _link_rank(dump: RankDump, ends: dict[str, bool]) -> dict[str, list[int]]:
