@@ -39,9 +39,6 @@ from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
 from .pairs import CLOCK_MARGIN_NS, pair_ops
 
-CollectiveKey = tuple[Group, int]
-
-
 # Where the C speed-ups find what they read in an Entry.
 _SCAN_FIELDS = tuple(
     Entry._fields.index(name)
