@@ -33,7 +33,7 @@ from ..base.model import (
     state_entry,
 )
 from ..base.speedups import SPEEDUPS as _speedups
-from ..read.columns import STATES, JobTables, first_uses, from_entries, gather
+from ..read.columns import KEPT_COLUMNS, STATES, JobTables, first_uses, from_entries, gather
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
@@ -126,24 +126,23 @@ def _take_collective_columns(
     are taken from it as they are read (nothing reads them after the matcher), so that a rank's columns
     and the bytes made of them for the matcher are not held both at once across the job.
     """
-    made = {
-        rank: dump.columns if dump.columns is not None else from_entries(rank, dump.entries)
-        for rank, dump in job.dumps.items()
-    }
-    uses = Counter(id(rank_columns.tables) for rank_columns in made.values())
-    if len(uses) > 1:  # the tables most ranks index go on; the other ranks' ids are moved into them
-        most = next(c.tables for c in made.values() if id(c.tables) == uses.most_common(1)[0][0])
-        tables = JobTables.going_on_from(most)
-        made = {rank: c if c.tables is most else tables.merge(c) for rank, c in made.items()}
-    ops_table = next(iter(made.values())).tables["ops"] if made else []
-    names: dict[str, int] = {}
-    op_names = array("I", [names.setdefault(op, len(names)) for _, op in ops_table])
-    untracked = bytes(backend in NO_COMPLETION_BACKENDS for backend, _ in ops_table)
+    kept = [dump.columns for dump in job.dumps.values() if dump.columns is not None]
+    uses = Counter(id(rank_columns.tables) for rank_columns in kept)
+    # the tables most ranks index go on; any other rank's ids are moved into them
+    most = next((c.tables for c in kept if id(c.tables) == uses.most_common(1)[0][0]), None) if kept else None
+    del kept
+    tables: JobTables | None = None
     groups: list[Group] = []
     index_of: dict[Group, int] = {}
     inputs: list[RankInput] = []
     for rank, dump in job.dumps.items():
-        rank_columns = made.pop(rank)
+        rank_columns = dump.columns
+        if rank_columns is None or rank_columns.tables is not most:
+            if tables is None:
+                tables = JobTables.going_on_from(most) if most is not None else JobTables({})
+                most = tables.values
+            made = rank_columns if rank_columns is not None else from_entries(rank, dump.entries, KEPT_COLUMNS)
+            rank_columns = tables.merge(made)
         c = rank_columns.columns
         known = named[rank]
         table = rank_columns.tables["groups"]
@@ -163,6 +162,10 @@ def _take_collective_columns(
             c["op"].tobytes(), c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
             c["created"].tobytes(), c["is_p2p"].tobytes(), flagged,
         ))  # fmt: skip
+    ops_table = most["ops"] if most is not None else []
+    names: dict[str, int] = {}
+    op_names = array("I", [names.setdefault(op, len(names)) for _, op in ops_table])
+    untracked = bytes(backend in NO_COMPLETION_BACKENDS for backend, _ in ops_table)
     return groups, inputs, op_names.tobytes(), untracked
 
 

@@ -69,8 +69,9 @@ def _nones(values: Sequence[int | None]) -> array[int]:
     return array("q", [NONE if value is None else value for value in values])
 
 
-def from_entries(rank: int, entries: Sequence[Entry]) -> RankColumns:
-    """The reference: columns of entries the Python reader made (every one's ``closed_by`` None)."""
+def from_entries(rank: int, entries: Sequence[Entry], names: Sequence[str] = COLUMNS) -> RankColumns:
+    """The reference: columns of entries the Python reader made (every one's ``closed_by`` None); only
+    those ``names`` (in their order), whose tables then hold only what those columns index."""
     tables: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
     fields = list(zip(*entries, strict=True)) if entries else [()] * len(Entry._fields)
     get = dict(zip(Entry._fields, fields, strict=True))
@@ -95,8 +96,10 @@ def from_entries(rank: int, entries: Sequence[Entry]) -> RankColumns:
         "output_dtypes": get["output_dtypes"], "frames": get["frames"],
     }  # fmt: skip
     for name, table in ID_COLUMNS.items():
-        columns[name] = _ids(list(sources[name]), tables[table])
-    return RankColumns(rank, columns, {name: list(table) for name, table in tables.items()})
+        if name in names:  # the costly ones: a lookup per entry
+            columns[name] = _ids(list(sources[name]), tables[table])
+    kept = {name: columns[name] for name in names}
+    return RankColumns(rank, kept, {name: list(table) for name, table in tables.items()})
 
 
 class GiveUp(Exception):
