@@ -3,7 +3,8 @@
 For each size (ranks x entries) it generates NCCL-layout dumps once (``bench/generate.py``, cached
 under ``bench-data/``), then runs each stage as a whole process, in one run, and measures wall time and
 peak memory (proportional set size of the process and all its children, sampled every 100 ms, so
-that memory a forked writer shares with its parent counts once):
+that memory a forked writer shares with its parent counts once; ``B/entry`` is that peak over the job's
+entries):
 
 - ``unpickle``: ``pickle.load`` of every file, serially, the garbage collector off, nothing else (the
   floor; ``x floor`` is each stage's ratio to it);
@@ -139,7 +140,8 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    print(f"{'ranks':>6} {'stage':<9} {'wall s':>8} {'peak MB':>8} {'trace MB':>9} {'x floor':>8} {'PyTorch/x':>10}")
+    print(f"{'ranks':>6} {'stage':<9} {'wall s':>8} {'peak MB':>8} {'B/entry':>8} {'trace MB':>9} {'x floor':>8} "
+          f"{'PyTorch/x':>10}")  # fmt: skip
     for ranks in [int(x) for x in args.sizes.split(",") if x]:
         folder = Path(args.data) / f"{ranks}x{args.entries}"
         if not (folder / f"nccl_trace_rank_{ranks - 1}").exists():
@@ -169,7 +171,9 @@ def main() -> None:
             size = f"{trace.stat().st_size / 2**20:9.1f}" if name == "convert" and trace.exists() else f"{'':9}"
             vs = f"{pytorch / wall:10.1f}" if pytorch and name in ("analyze", "convert") else f"{'':10}"
             status = "" if code in (0, 1) else f"  (exit {code})"
-            print(f"{ranks:>6} {name:<9} {wall:8.2f} {peak / 2**20:8.0f} {size} {wall / floor:8.2f} {vs}{status}")
+            per_entry = peak / (ranks * args.entries)  # the peak over every entry of the job
+            print(f"{ranks:>6} {name:<9} {wall:8.2f} {peak / 2**20:8.0f} {per_entry:8.0f} {size} {wall / floor:8.2f} "
+                  f"{vs}{status}")  # fmt: skip
             rows.append((ranks, name, wall, peak))
         sys.stdout.flush()
 
