@@ -150,3 +150,29 @@ def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(
     for dump in list(job.dumps.values())[:2]:
         dump.columns = None
     assert _matched(job) == expected
+
+
+@pytest.mark.parametrize("sample", ["nccl/pipeline_1f1b/nccl_trace_rank_1", "gloo/skip/gloo_trace_rank_2"])
+@pytest.mark.parametrize("in_c", [True, False])
+def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: str, in_c: bool):
+    """A dump read holds its columns, not its entries: each entry is made when asked for, equal to the
+    reference reader's, whether by index, slice, iteration either way or a field's distinct values."""
+    path = str(ROOT / "samples" / sample)
+    expected = read_dump_reference(path).entries
+    with (
+        mock.patch.object(columns, "_speedups", SPEEDUPS if in_c else None),
+        mock.patch.object(columns.EntryRows, "CHUNK", 3),  # iterated a few rows at a time
+    ):
+        entries = reader.read_dump(path).entries
+        assert isinstance(entries, columns.EntryRows) and len(entries) == len(expected) > 4
+        assert list(entries) == expected and list(reversed(entries)) == expected[::-1]
+        assert entries[0] == expected[0] and entries[-1] == expected[-1] and entries[0] is not entries[0]
+        assert entries[1:4] == expected[1:4] and entries[-2:] == expected[-2:] and entries[::2] == expected[::2]
+        assert entries.rows([3, 0, 3]) == [expected[3], expected[0], expected[3]]
+        assert entries == expected and repr(entries) == repr(expected)
+        for field in ("backend", "group_name", "op", "state", "frames", "collective_seq", "p2p_local"):
+            assert entries.distinct(field) == {getattr(e, field) for e in expected}, field
+        with pytest.raises(IndexError):
+            entries[len(expected)]
+        with pytest.raises(IndexError):
+            entries.rows([len(expected)])

@@ -17,12 +17,13 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import fr2perfetto
-from fr2perfetto.base.model import Entry, Group, MatchedOp
+from fr2perfetto.base.model import EntriesByRank, Entry, Group, MatchedOp
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import streams, timeline
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.match import ops as match
 from fr2perfetto.read import columns, reader
+from fr2perfetto.read.job import load_job
 from fr2perfetto.render import perfetto as perfetto_writer
 from fr2perfetto.render.perfetto import PerfettoWriter
 
@@ -262,7 +263,43 @@ def test_entries_are_made_from_columns_the_same_in_c_and_python():
             SPEEDUPS.entries_from_columns(Entry, 1, sources)
 
 
-def _match_inputs() -> tuple[list[match.RankInput], bytes, bytes]:
+def test_entries_are_made_at_rows_the_same_in_c_and_python():
+    assert SPEEDUPS is not None
+    rows = [_entry(op_id=n, record_id=n, time_created_ns=NOW + n) for n in range(5)]
+    sources = columns.entry_sources(columns.from_entries(0, rows))
+    wanted = array("I", [4, 0, 2, 2]).tobytes()
+    in_c = SPEEDUPS.entries_from_columns(Entry, 5, sources, wanted)
+    assert in_c == columns.entries_in_python(Entry, 5, sources, wanted) == [rows[4], rows[0], rows[2], rows[2]]
+    assert SPEEDUPS.entries_from_columns(Entry, 5, sources, b"") == columns.entries_in_python(Entry, 5, sources, b"")
+    assert SPEEDUPS.entries_from_columns(Entry, 5, sources, None) == rows
+    for make in (SPEEDUPS.entries_from_columns, columns.entries_in_python):
+        with pytest.raises(IndexError):  # a row beyond the columns
+            make(Entry, 5, sources, array("I", [1, 5]).tobytes())
+    with pytest.raises(ValueError):
+        SPEEDUPS.entries_from_columns(Entry, 5, sources, b"\x00")  # not whole uint32s
+
+
+@pytest.mark.parametrize("sample", ["nccl/pipeline_1f1b", "nccl/pipeline_batched", "nccl/demo", "gloo/skip"])
+def test_each_ranks_ops_are_indexed_the_same_in_c_and_python(sample: str, monkeypatch: pytest.MonkeyPatch):
+    """The layout's index of every rank's ops and entries, from ops that hold rows (collectives), entries
+    (sends and recvs) or entries linked into coalesced groups, and ranks that never issued one."""
+    job = load_job([str(SAMPLES / sample)], jobs=1)
+    ops = match.match_ops(job)
+
+    def indexed(ranks: set[int] | None = None) -> dict[int, list[tuple[int, list[Entry]]]]:
+        return {rank: [(op.op_key, entries) for op, entries in items]
+                for rank, items in timeline.ops_by_rank(ops, ranks).items()}  # fmt: skip
+
+    in_c = indexed()
+    monkeypatch.setattr(timeline, "_speedups", None)
+    assert indexed() == in_c and sum(map(len, in_c.values())) >= sum(len(d.entries) for d in job.dumps.values()) // 2
+    some = set(list(in_c)[1::2])
+    assert indexed(some) == {rank: items for rank, items in in_c.items() if rank in some}
+    for rank, items in in_c.items():  # each rank's own entries, in the order of the ops
+        assert all(entry.rank == rank for _, entries in items for entry in entries)
+
+
+def _match_inputs() -> tuple[dict[int, list[Entry]], list[match.RankInput], bytes, bytes]:
     """Three ranks' inputs to the collective matcher: ops every rank issued alike, one whose sizes
     differ, a coalesced group (two rows of one rank for one op), a row inside a coalesced group, a gloo
     op left scheduled, a send, seqs out of order and a negative one, and a group only one rank knows."""
@@ -287,29 +324,37 @@ def _match_inputs() -> tuple[list[match.RankInput], bytes, bytes]:
         c = rank_columns.columns
         groups = array("I", [group_index[tables.values["groups"][g]] for g in c["group"]]).tobytes()
         flagged = bytes([0, 0, 0, 0, 0, 1, 0]) if rank == 0 else None  # rank 0's gloo op: in a coalesced group
-        inputs.append((rank, entries[rank], groups, c["collective_seq"].tobytes(), c["op"].tobytes(),
+        inputs.append((rank, len(entries[rank]), groups, c["collective_seq"].tobytes(), c["op"].tobytes(),
                        c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
                        c["created"].tobytes(), c["is_p2p"].tobytes(), flagged))  # fmt: skip
-    return inputs, op_names, untracked
+    return entries, inputs, op_names, untracked
 
 
 def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
     assert SPEEDUPS is not None
-    inputs, op_names, untracked = _match_inputs()
-    fixed = (columns.STATES, 2, 0, Entry._fields.index("time_created_ns"))
+    entries, inputs, op_names, untracked = _match_inputs()
+    fixed = (columns.STATES, 2, 0)
     in_c = SPEEDUPS.match_collectives(inputs, 2, op_names, untracked, *fixed)
     in_python = match._match_collectives_in_python(inputs, 2, op_names, untracked, *fixed)
     assert repr(in_c) == repr(in_python)
     filed, spans, p2p = in_c
-    by_op = {(group, seq): (by_rank, scanned) for group, seq, by_rank, scanned in filed}
-    assert [(group, seq) for group, seq, _, _ in filed] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, -1), (0, 4), (1, 9)]
-    assert by_op[(0, 1)][1] == (NOW, True, 1, [NOW, NOW, NOW], ["completed", "completed", "scheduled"])
+    by_op = {
+        (group, seq): ((list(array("i", ranks)), list(array("I", rows))), scanned)
+        for group, seq, ranks, rows, scanned in filed
+    }
+    assert [(group, seq) for group, seq, *_ in filed] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, -1), (0, 4), (1, 9)]
+    assert by_op[(0, 1)][0] == ([0, 1, 2], [0, 1, 0])  # the ranks of its rows, and the rows
+    times = array("q", [NOW, NOW, NOW]).tobytes()
+    assert by_op[(0, 1)][1] == (NOW, True, 1, times, ["completed", "completed", "scheduled"], 0)  # 0: all_reduce
     assert by_op[(0, 2)][1][:3] == (NOW - 5, False, 0)  # rank 2's broadcast: not alike; rank 1 first
-    assert by_op[(0, 3)][1] is None and len(by_op[(0, 3)][0][0]) == 2  # a coalesced group: scanned from entries
-    assert by_op[(0, 5)][1] is None  # a row inside a coalesced group
+    assert by_op[(0, 3)] == (([0, 0, 1], [2, 3, 2]), None)  # a coalesced group: scanned from entries
+    assert by_op[(0, 5)] == (([0, 1], [5, 3]), None)  # a row inside a coalesced group
     assert spans == [(0, 0, -1, 5), (1, 0, 1, 5), (2, 0, 1, 2), (2, 1, 9, 9)]
-    assert [len(sent) for sent in p2p] == [1, 0, 0] and p2p[0][0] is inputs[0][1][4]
-    assert in_c[0][0][2][0][0] is inputs[0][1][0]  # the entries themselves, not copies
+    assert [list(array("I", sent)) for sent in p2p] == [[4], [], []]  # the rows of sends and recvs
+    coalesced = EntriesByRank(entries, *(array(kind, part) for kind, part in zip("iI", filed[2][2:4], strict=True)))
+    assert list(coalesced) == [0, 1] and len(coalesced) == 2 and 2 not in coalesced
+    assert coalesced[0][0] is entries[0][2] and coalesced[0][1] is entries[0][3]  # the entries, not copies
+    assert coalesced.items() == [(0, entries[0][2:4]), (1, [entries[1][2]])]
     no_group = [(*inputs[2][:2], array("I", [0, 0, 7]).tobytes(), *inputs[2][3:])]
     for bad, error in (
         ([(*inputs[0][:3], b"\x00" * 8, *inputs[0][4:])], ValueError),  # a column of another length

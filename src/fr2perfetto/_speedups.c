@@ -110,9 +110,10 @@ static int same(PyObject *a, PyObject *b) {
 }
 
 PyDoc_STRVAR(entries_from_columns_doc,
-             "entries_from_columns(entry_type, count, sources) -> list\n\n"
-             "columns.entries_in_python: ``count`` entries of ``entry_type`` (a tuple subclass), field by field\n"
-             "from ``sources``, one (kind, data, extra) per field (see ``columns.Source``).");
+             "entries_from_columns(entry_type, count, sources, rows=None) -> list\n\n"
+             "columns.entries_in_python: the entries of ``entry_type`` (a tuple subclass) at ``rows`` (uint32\n"
+             "bytes; None: all ``count``), field by field from ``sources``, one (kind, data, extra) per field\n"
+             "(see ``columns.Source``), each of ``count`` rows.");
 
 /* One field's source, read from its (kind, data, extra). */
 typedef struct {
@@ -214,10 +215,14 @@ static PyObject *source_value(const Source *source, Py_ssize_t r) {
 
 static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!takes("entries_from_columns", nargs, 3)) return NULL;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "entries_from_columns takes 3 or 4 arguments");
+        return NULL;
+    }
     if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) ||
-        !PyLong_Check(args[1]) || !PyList_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "entries_from_columns(entry_type, count, sources)");
+        !PyLong_Check(args[1]) || !PyList_CheckExact(args[2]) ||
+        (nargs == 4 && args[3] != Py_None && !PyBytes_CheckExact(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "entries_from_columns(entry_type, count, sources, rows=None)");
         return NULL;
     }
     Py_ssize_t count = PyLong_AsSsize_t(args[1]);
@@ -225,10 +230,18 @@ static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, P
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "entries_from_columns: a negative count");
         return NULL;
     }
+    /* the rows asked for: every one, or those listed (each checked below to be one of the ``count``) */
+    PyObject *wanted = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    Py_ssize_t made_count = wanted != NULL ? PyBytes_Size(wanted) / 4 : count;
+    if (wanted != NULL && PyBytes_Size(wanted) % 4 != 0) {
+        PyErr_SetString(PyExc_ValueError, "entries_from_columns: rows are not uint32s");
+        return NULL;
+    }
     /* the sources, held here as a tuple: making an entry may run the garbage collector, and what that
      * runs could change the list; then one row's values (new references) */
     PyObject *sources = PyList_AsTuple(args[2]);
     if (sources == NULL) return NULL;
+    Py_INCREF(wanted != NULL ? wanted : Py_None); /* held like the sources */
     Py_ssize_t fields = LENGTH(sources);
     Source *read = PyMem_Calloc(fields ? (size_t)fields : 1, sizeof(Source));
     PyObject **row = PyMem_Calloc(fields ? (size_t)fields : 1, sizeof(PyObject *));
@@ -241,19 +254,32 @@ static PyObject *entries_from_columns(PyObject *module, PyObject *const *args, P
         if (source_of(PyTuple_GetItem(sources, f), count, &read[f]) < 0) goto done;
     Maker maker;
     maker_for(&maker, (PyTypeObject *)args[0]);
-    entries = PyList_New(count);
-    for (Py_ssize_t r = 0; entries != NULL && r < count; r++) {
+    const char *rows = wanted != NULL ? PyBytes_AsString(wanted) : NULL;
+    entries = PyList_New(made_count);
+    for (Py_ssize_t k = 0; entries != NULL && k < made_count; k++) {
+        Py_ssize_t r = k;
+        if (rows != NULL) {
+            uint32_t at;
+            memcpy(&at, rows + 4 * k, 4);
+            if ((Py_ssize_t)at >= count) {
+                PyErr_SetString(PyExc_IndexError, "entries_from_columns: a row beyond the columns");
+                Py_CLEAR(entries);
+                break;
+            }
+            r = (Py_ssize_t)at;
+        }
         Py_ssize_t made = 0;
         while (made < fields && (row[made] = source_value(&read[made], r)) != NULL) made++;
         PyObject *entry = made == fields ? make(&maker, row, fields) : NULL;
         for (Py_ssize_t f = 0; f < made; f++) Py_DECREF(row[f]);
         if (entry == NULL) Py_CLEAR(entries);
-        else PyList_SetItem(entries, r, entry);
+        else PyList_SetItem(entries, k, entry);
     }
 done:
     PyMem_Free(read);
     PyMem_Free(row);
     Py_DECREF(sources);
+    Py_DECREF(wanted != NULL ? wanted : Py_None);
     return entries;
 }
 
@@ -285,8 +311,8 @@ static int is_entry(PyObject *entry, Py_ssize_t needed) {
 }
 
 PyDoc_STRVAR(match_collectives_doc,
-             "match_collectives(ranks, group_count, op_names, untracked, states, completed, scheduled,\n"
-             "                  created_field) -> (ops, covered, p2p)\n\n"
+             "match_collectives(ranks, group_count, op_names, untracked, states, completed, scheduled)\n"
+             "    -> (ops, covered, p2p)\n\n"
              "match._match_collectives_in_python: the collectives of every rank filed by (group, seq) from the\n"
              "ranks' columns; see there for the arguments and what is returned.");
 
@@ -301,7 +327,7 @@ static const char *column_of(PyObject *bytes, Py_ssize_t rows, Py_ssize_t width)
 
 /* What match_collectives reads of one rank. */
 typedef struct {
-    PyObject *rank, *entries;
+    int32_t rank; /* which the ops' rows name */
     Py_ssize_t rows;
     const uint32_t *group, *op, *sizes, *dtypes;
     const int64_t *seq, *created;
@@ -313,15 +339,16 @@ typedef struct {
     uint32_t group;
     int64_t seq;
     Py_ssize_t count;   /* its rows */
-    Py_ssize_t filled;  /* rows filed so far, in the third pass */
+    Py_ssize_t filled;  /* rows scanned so far, in the second pass */
+    Py_ssize_t placed;  /* rows filed so far, in the second pass */
     Py_ssize_t rank;    /* the rank (index into the inputs) of its latest row, in the pass under way */
     int scanned;        /* 1 while every rank holds one row, none in a coalesced group: scanned here */
     int alike;
     Py_ssize_t pending;
-    int64_t first;      /* the earliest creation time, and the object of the entry that holds it */
-    PyObject *first_time;
+    int64_t first;      /* the earliest creation time */
     uint32_t op_name, sizes, dtypes; /* the first row's, which the others must match */
-    PyObject *by_rank, *list, *created_ns, *states; /* list: the latest rank's (borrowed from by_rank) */
+    /* ranks, rows, created_ns: int32, uint32 and int64 bytes, a row's each; states: a list */
+    PyObject *ranks, *rows, *created_ns, *states;
 } OpSlot;
 
 static uint64_t op_hash(uint32_t group, int64_t seq) {
@@ -330,13 +357,19 @@ static uint64_t op_hash(uint32_t group, int64_t seq) {
 }
 
 static int read_rank_input(PyObject *spec, RankInput *in) {
-    if (!PyTuple_CheckExact(spec) || LENGTH(spec) != 11 || !PyList_CheckExact(PyTuple_GetItem(spec, 1))) {
-        PyErr_SetString(PyExc_TypeError, "match_collectives: a rank is (rank, entries, 9 columns)");
+    if (!PyTuple_CheckExact(spec) || LENGTH(spec) != 11 || !PyLong_CheckExact(PyTuple_GetItem(spec, 0)) ||
+        !PyLong_CheckExact(PyTuple_GetItem(spec, 1))) {
+        PyErr_SetString(PyExc_TypeError, "match_collectives: a rank is (rank, rows, 9 columns)");
         return -1;
     }
-    in->rank = PyTuple_GetItem(spec, 0);
-    in->entries = PyTuple_GetItem(spec, 1);
-    Py_ssize_t n = in->rows = LENGTH(in->entries);
+    long rank = PyLong_AsLong(PyTuple_GetItem(spec, 0));
+    Py_ssize_t n = in->rows = PyLong_AsSsize_t(PyTuple_GetItem(spec, 1));
+    if (PyErr_Occurred()) return -1;
+    if (rank < 0 || rank > INT32_MAX || n < 0 || n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "match_collectives: a rank or a row count beyond 32 bits");
+        return -1;
+    }
+    in->rank = (int32_t)rank;
     if ((in->group = (const uint32_t *)column_of(PyTuple_GetItem(spec, 2), n, 4)) == NULL ||
         (in->seq = (const int64_t *)column_of(PyTuple_GetItem(spec, 3), n, 8)) == NULL ||
         (in->op = (const uint32_t *)column_of(PyTuple_GetItem(spec, 4), n, 4)) == NULL ||
@@ -395,48 +428,34 @@ static Py_ssize_t op_index(OpSlot **ops, Py_ssize_t *op_count, Py_ssize_t *op_ro
     return (*op_count)++;
 }
 
-/* File the entry at ``row`` of rank ``r`` under ``op`` (its list in the op's dict), and scan it. */
-static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t r, Py_ssize_t row, const uint32_t *op_names,
-                    const uint8_t *untracked, PyObject *states, int completed, int scheduled, Py_ssize_t created_field) {
-    PyObject *entry = PyList_GetItem(in->entries, row); /* NULL where the list shrank meanwhile */
-    if (entry == NULL) return -1;
-    if (op->rank == r) {
-        if (PyList_Append(op->list, entry) < 0) return -1;
-    } else {
-        PyObject *list = PyList_New(1);
-        if (list == NULL) return -1;
-        PyList_SetItem(list, 0, Py_NewRef(entry));
-        int set = PyDict_SetItem(op->by_rank, in->rank, list);
-        Py_DECREF(list); /* the dict holds it */
-        if (set < 0) return -1;
-        op->list = list;
-        op->rank = r;
-    }
-    if (!op->scanned) return 0;
-    if (!PyTuple_Check(entry) || LENGTH(entry) <= created_field) {
-        PyErr_SetString(PyExc_TypeError, "match_collectives: not an entry");
+/* File the row ``row`` of a rank under ``op`` (its rank and row at the op's next place), and scan it. */
+static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t row, const uint32_t *op_names,
+                    const uint8_t *untracked, PyObject *states, int completed, int scheduled) {
+    if (op->placed >= op->count) {
+        PyErr_SetString(PyExc_RuntimeError, "match_collectives: an op's rows changed while they were filed");
         return -1;
     }
-    PyObject *created = PyTuple_GetItem(entry, created_field);
+    ((int32_t *)PyBytes_AsString(op->ranks))[op->placed] = in->rank;
+    ((uint32_t *)PyBytes_AsString(op->rows))[op->placed] = (uint32_t)row;
+    op->placed++;
+    if (!op->scanned) return 0;
     uint32_t op_name = op_names[in->op[row]];
     if (op->filled == 0) {
         op->first = in->created[row];
-        op->first_time = created;
         op->op_name = op_name;
         op->sizes = in->sizes[row];
         op->dtypes = in->dtypes[row];
     } else if (in->created[row] < op->first) {
         op->first = in->created[row];
-        op->first_time = created;
     }
     if (op->alike && (op_name != op->op_name || in->sizes[row] != op->sizes || in->dtypes[row] != op->dtypes))
         op->alike = 0;
     int state = in->state[row];
-    if (op->filled >= LENGTH(op->created_ns)) {
+    if (op->filled >= LENGTH(op->states)) {
         PyErr_SetString(PyExc_RuntimeError, "match_collectives: an op's rows changed while they were filed");
         return -1;
     }
-    PyList_SetItem(op->created_ns, op->filled, Py_NewRef(created));
+    memcpy(PyBytes_AsString(op->created_ns) + 8 * op->filled, &in->created[row], 8);
     PyList_SetItem(op->states, op->filled, Py_NewRef(PyTuple_GetItem(states, state)));
     op->filled++;
     if (state != completed && (!untracked[in->op[row]] || state != scheduled)) op->pending++;
@@ -445,13 +464,13 @@ static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t r, Py_ssize_t ro
 
 static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!takes("match_collectives", nargs, 8)) return NULL;
+    if (!takes("match_collectives", nargs, 7)) return NULL;
     PyObject *ranks = args[0], *states = args[4];
-    Py_ssize_t group_count = PyLong_AsSsize_t(args[1]), created_field = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t group_count = PyLong_AsSsize_t(args[1]);
     int completed = (int)PyLong_AsLong(args[5]), scheduled = (int)PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return NULL;
     if (!PyList_CheckExact(ranks) || !PyTuple_CheckExact(states) || !PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) ||
-        group_count < 0 || group_count >= UINT32_MAX || created_field < 0) {
+        group_count < 0 || group_count >= UINT32_MAX) {
         PyErr_SetString(PyExc_TypeError, "match_collectives: bad arguments");
         return NULL;
     }
@@ -462,16 +481,17 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
     }
     const uint32_t *op_names = (const uint32_t *)PyBytes_AsString(args[2]);
     const uint8_t *untracked = (const uint8_t *)PyBytes_AsString(args[3]);
-    Py_ssize_t rank_count = LENGTH(ranks), total = 0, op_count = 0, op_room = 1024, slots = 4096;
+    Py_ssize_t rank_count = LENGTH(ranks), total = 0, op_count = 0, op_room = 1024, slots = 4096, most_rows = 0;
     RankInput *inputs = NULL;
     OpSlot *ops = NULL;
-    uint32_t *op_of = NULL, *table = NULL, *touched = NULL;
+    uint32_t *op_of = NULL, *table = NULL, *touched = NULL, *p2p_rows = NULL; /* p2p_rows: a rank's at a time */
     int64_t *span_first = NULL, *span_last = NULL;
     Py_ssize_t *span_rank = NULL; /* the rank whose span of the group span_first and span_last hold */
     PyObject *result_ops = NULL, *covered = NULL, *p2p = NULL, *result = NULL;
     if ((inputs = PyMem_Calloc((size_t)rank_count + 1, sizeof(RankInput))) == NULL) goto nomemory;
     for (Py_ssize_t r = 0; r < rank_count; r++) {
         if (read_rank_input(PyList_GetItem(ranks, r), &inputs[r]) < 0) goto error;
+        if (inputs[r].rows > most_rows) most_rows = inputs[r].rows;
         for (Py_ssize_t i = 0; i < inputs[r].rows; i++) {
             total += !inputs[r].is_p2p[i];
             if (inputs[r].state[i] >= LENGTH(states) || (uint64_t)inputs[r].op[i] >= (uint64_t)op_table) {
@@ -486,7 +506,8 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
         (span_first = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
         (span_last = PyMem_Malloc(sizeof(int64_t) * ((size_t)group_count + 1))) == NULL ||
         (span_rank = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)group_count + 1))) == NULL ||
-        (touched = PyMem_Malloc(sizeof(uint32_t) * ((size_t)group_count + 1))) == NULL)
+        (touched = PyMem_Malloc(sizeof(uint32_t) * ((size_t)group_count + 1))) == NULL ||
+        (p2p_rows = PyMem_Malloc(sizeof(uint32_t) * ((size_t)most_rows + 1))) == NULL)
         goto nomemory;
     memset(table, 0xFF, sizeof(uint32_t) * (size_t)slots);
     for (Py_ssize_t g = 0; g < group_count; g++) span_rank[g] = -1;
@@ -498,13 +519,10 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
     for (Py_ssize_t r = 0; r < rank_count; r++) {
         const RankInput *in = &inputs[r];
         Py_ssize_t touched_count = 0;
-        PyObject *sent = PyList_New(0);
-        if (sent == NULL) goto error;
-        PyList_SetItem(p2p, r, sent);
+        Py_ssize_t sent = 0;
         for (Py_ssize_t i = 0; i < in->rows; i++) {
             if (in->is_p2p[i]) {
-                PyObject *entry = PyList_GetItem(in->entries, i); /* NULL where the list shrank meanwhile */
-                if (entry == NULL || PyList_Append(sent, entry) < 0) goto error;
+                p2p_rows[sent++] = (uint32_t)i;
                 continue;
             }
             uint32_t group = in->group[i];
@@ -539,13 +557,19 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
             }
             Py_DECREF(span);
         }
+        PyObject *sends = PyBytes_FromStringAndSize((const char *)p2p_rows, 4 * sent);
+        if (sends == NULL) goto error;
+        PyList_SetItem(p2p, r, sends);
     }
     for (Py_ssize_t o = 0; o < op_count; o++) {
         OpSlot *op = &ops[o];
         op->rank = -1;
         op->alike = 1;
-        if ((op->by_rank = PyDict_New()) == NULL) goto error;
-        if (op->scanned && ((op->created_ns = PyList_New(op->count)) == NULL || (op->states = PyList_New(op->count)) == NULL))
+        if ((op->ranks = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL ||
+            (op->rows = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL)
+            goto error;
+        if (op->scanned && ((op->created_ns = PyBytes_FromStringAndSize(NULL, 8 * op->count)) == NULL ||
+                            (op->states = PyList_New(op->count)) == NULL))
             goto error;
     }
     /* Second pass, rank by rank again, row by row: a rank's entries lie together in memory, and so do
@@ -559,8 +583,7 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
                 PyErr_SetString(PyExc_RuntimeError, "match_collectives: the rows changed while they were filed");
                 goto error;
             }
-            if (file_row(&ops[op_of[filed++]], in, r, i, op_names, untracked, states, completed, scheduled,
-                         created_field) < 0)
+            if (file_row(&ops[op_of[filed++]], in, i, op_names, untracked, states, completed, scheduled) < 0)
                 goto error;
         }
     }
@@ -569,13 +592,13 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
         OpSlot *op = &ops[o];
         PyObject *scan = Py_None, *item;
         if (op->scanned) {
-            scan = Py_BuildValue("(OOnOO)", op->first_time, op->alike ? Py_True : Py_False, op->pending,
-                                 op->created_ns, op->states);
+            scan = Py_BuildValue("(LOnOOI)", (long long)op->first, op->alike ? Py_True : Py_False, op->pending,
+                                 op->created_ns, op->states, op->op_name);
             if (scan == NULL) goto error;
         } else {
             Py_INCREF(scan);
         }
-        item = Py_BuildValue("(ILON)", op->group, (long long)op->seq, op->by_rank, scan);
+        item = Py_BuildValue("(ILOON)", op->group, (long long)op->seq, op->ranks, op->rows, scan);
         if (item == NULL) goto error;
         PyList_SetItem(result_ops, o, item);
     }
@@ -585,7 +608,8 @@ nomemory:
     PyErr_NoMemory();
 error:
     for (Py_ssize_t o = 0; ops != NULL && o < op_count; o++) {
-        Py_XDECREF(ops[o].by_rank);
+        Py_XDECREF(ops[o].ranks);
+        Py_XDECREF(ops[o].rows);
         Py_XDECREF(ops[o].created_ns);
         Py_XDECREF(ops[o].states);
     }
@@ -597,6 +621,7 @@ error:
     PyMem_Free(span_last);
     PyMem_Free(span_rank);
     PyMem_Free(touched);
+    PyMem_Free(p2p_rows);
     Py_XDECREF(result_ops);
     Py_XDECREF(covered);
     Py_XDECREF(p2p);
@@ -996,11 +1021,11 @@ done:
 }
 
 PyDoc_STRVAR(ops_by_rank_doc,
-             "ops_by_rank(ops) -> dict\n\n"
-             "timeline.ops_by_rank of every rank: rank -> [(op, its entries)] in the order of ``ops``, and\n"
-             "(op, []) for each rank in op.missing.");
+             "ops_by_rank(ops, held, made) -> dict\n\n"
+             "timeline._ops_by_rank_in_python: rank -> [(op, its entries)] in the order of ``ops``, and\n"
+             "(op, []) for each rank in op.missing; see there for ``held`` and ``made``.");
 
-static PyObject *str_entries, *str_missing;
+static PyObject *str_missing;
 
 /* index[rank].append((op, entries)); 0, or -1 with an error set. Steals no reference. */
 static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject *entries) {
@@ -1020,25 +1045,68 @@ static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject 
     return failed;
 }
 
+/* index[rank].append((op, its entries)) for each rank of an op's (ranks, rows), each rank's entries taken
+ * from made[rank] at its rows; 0, or -1 with an error set. */
+static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject *made) {
+    PyObject *ranks = PyTuple_CheckExact(packed) && LENGTH(packed) == 2 ? PyTuple_GetItem(packed, 0) : NULL;
+    PyObject *rows = ranks != NULL ? PyTuple_GetItem(packed, 1) : NULL;
+    if (ranks == NULL || !PyBytes_CheckExact(ranks) || !PyBytes_CheckExact(rows) ||
+        PyBytes_Size(ranks) != PyBytes_Size(rows) || PyBytes_Size(ranks) % 4 != 0) {
+        PyErr_SetString(PyExc_TypeError, "ops_by_rank: an op's entries are neither a dict nor (ranks, rows)");
+        return -1;
+    }
+    const char *rank_at = PyBytes_AsString(ranks), *row_at = PyBytes_AsString(rows);
+    PyObject *list = NULL; /* the latest rank's (held by the index) */
+    int32_t previous = 0;
+    for (Py_ssize_t k = 0; k < PyBytes_Size(ranks) / 4; k++) {
+        int32_t rank;
+        uint32_t row;
+        memcpy(&rank, rank_at + 4 * k, 4);
+        memcpy(&row, row_at + 4 * k, 4);
+        PyObject *key = PyLong_FromLong(rank);
+        PyObject *source = key != NULL ? PyDict_GetItemWithError(made, key) : NULL; /* borrowed */
+        PyObject *entry = source != NULL && PyList_CheckExact(source) ? PyList_GetItem(source, (Py_ssize_t)row) : NULL;
+        int failed = entry == NULL;
+        if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "ops_by_rank: a rank without entries");
+        if (!failed && list != NULL && rank == previous) {
+            failed = PyList_Append(list, entry) < 0;
+        } else if (!failed) {
+            list = PyList_New(1);
+            failed = list == NULL;
+            if (!failed) {
+                PyList_SetItem(list, 0, Py_NewRef(entry));
+                failed = index_append(index, key, op, list) < 0;
+                Py_DECREF(list); /* the index holds it */
+            }
+            previous = rank;
+        }
+        Py_XDECREF(key);
+        if (failed) return -1;
+    }
+    return 0;
+}
+
 static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!takes("ops_by_rank", nargs, 1)) return NULL;
-    PyObject *ops = args[0];
-    if (!PyList_CheckExact(ops)) {
-        PyErr_SetString(PyExc_TypeError, "ops_by_rank: ops must be a list");
+    if (!takes("ops_by_rank", nargs, 3)) return NULL;
+    PyObject *ops = args[0], *held = args[1], *made = args[2];
+    if (!PyList_CheckExact(ops) || !PyList_CheckExact(held) || LENGTH(held) != LENGTH(ops) || !PyDict_CheckExact(made)) {
+        PyErr_SetString(PyExc_TypeError, "ops_by_rank(ops, held, made): lists of one length, and a dict");
         return NULL;
     }
     PyObject *index = PyDict_New();
     if (index == NULL) return NULL;
     for (Py_ssize_t i = 0; i < LENGTH(ops); i++) {
         PyObject *op = PyList_GetItem(ops, i);
-        PyObject *entries = PyObject_GetAttr(op, str_entries), *missing = NULL, *none = NULL;
-        int failed = entries == NULL || !PyDict_CheckExact(entries);
-        if (!failed) {
+        PyObject *entries = Py_XNewRef(PyList_GetItem(held, i)), *missing = NULL, *none = NULL;
+        int failed = entries == NULL;
+        if (!failed && PyDict_CheckExact(entries)) {
             Py_ssize_t position = 0;
             PyObject *rank, *parts;
             while (!failed && PyDict_Next(entries, &position, &rank, &parts))
                 failed = index_append(index, rank, op, parts) < 0;
+        } else if (!failed) { /* (ranks, rows): int32 and uint32 bytes, a rank's rows one after the other */
+            failed = index_rows(index, op, entries, made) < 0;
         }
         if (!failed) {
             missing = PyObject_GetAttr(op, str_missing);
@@ -2661,7 +2729,6 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         (str_op_key = PyUnicode_InternFromString("op_key")) == NULL ||
         (str_group = PyUnicode_InternFromString("group")) == NULL ||
         (str_first_time_ns = PyUnicode_InternFromString("first_time_ns")) == NULL ||
-        (str_entries = PyUnicode_InternFromString("entries")) == NULL ||
         (str_missing = PyUnicode_InternFromString("missing")) == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ImportError, "fr2perfetto._speedups: no tuple.__new__");
         return NULL;

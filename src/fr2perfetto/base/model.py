@@ -8,10 +8,11 @@ into ``MatchedOp``s; the diagnosis turns those into ``Finding``s.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter, getitem, itemgetter
 from typing import Any, NamedTuple
 
 from .text import path_text, shown
@@ -147,7 +148,9 @@ class RankDump:
     version: str
     file_format: str  # "pickle" or "json"
     comm_lib_version: str
-    entries: list[Entry]
+    # a list, or made from the reader's columns when asked for (``read.columns.EntryRows``): then each
+    # access makes new objects, equal to the last ones but not the same
+    entries: Sequence[Entry]
     pg_config: dict[str, GroupConfig]
     # pg_status by pg_id: last enqueued, started and completed collective (-1: never).
     pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -270,6 +273,89 @@ INCOMPLETE = "incomplete"  # issued, not completed on some rank (and not the cas
 OK = "ok"
 
 
+class EntriesByRank(Mapping[int, list[Entry]]):
+    """Each rank's entries in one collective, held as rows: rank -> its entries in the op, made into a list
+    when asked for. The matcher files millions of entries; a dict of one-entry lists per op would cost
+    about 100 bytes an entry, two arrays of rows cost 8.
+
+    ``ranks`` (ascending, a rank repeated for each of its rows) and ``rows`` (the row of each in that
+    rank's entries) are parallel; ``entries`` is every rank's list of entries that the rows index.
+    Iterating yields the ranks, each once, in ascending order, as a dict of them would.
+    """
+
+    __slots__ = ("_entries", "_ranks", "_rows", "_several")
+
+    def __init__(self, entries: Mapping[int, Sequence[Entry]], ranks: array[int], rows: array[int]) -> None:
+        self._entries = entries
+        self._ranks = ranks
+        self._rows = rows
+        # some rank holds several rows (a coalesced group): then a rank is found by its first and last row
+        self._several = len(set(ranks)) < len(ranks) if len(ranks) > 1 else False
+
+    def __getitem__(self, rank: int) -> list[Entry]:
+        at = bisect_left(self._ranks, rank)
+        if at == len(self._ranks) or self._ranks[at] != rank:
+            raise KeyError(rank)
+        entries = self._entries[rank]
+        if not self._several:
+            return [entries[self._rows[at]]]
+        return [entries[row] for row in self._rows[at : bisect_right(self._ranks, rank, at)]]
+
+    def __contains__(self, rank: object) -> bool:
+        if not isinstance(rank, int):
+            return False
+        at = bisect_left(self._ranks, rank)
+        return at < len(self._ranks) and self._ranks[at] == rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(dict.fromkeys(self._ranks) if self._several else self._ranks)
+
+    def __len__(self) -> int:
+        return len(set(self._ranks)) if self._several else len(self._ranks)
+
+    def covers(self, ranks: Sequence[int]) -> bool:
+        """Whether every one of ``ranks`` (ascending, each once, as a group's members) holds a part."""
+        if not self._several and len(self._ranks) == len(ranks):
+            return self._ranks.tolist() == list(ranks)  # both ascending: equal lists, equal sets
+        return all(map(self.__contains__, ranks))
+
+    def rows(self, ranks: Collection[int] | None = None) -> Iterator[tuple[int, int]]:
+        """(rank, row) of each part's entries (of ``ranks`` only, if given), in order: where each is in
+        ``entries_source(rank)``."""
+        if ranks is None or len(ranks) >= len(self._ranks):
+            pairs = zip(self._ranks, self._rows, strict=True)
+            return pairs if ranks is None else ((rank, row) for rank, row in pairs if rank in ranks)
+        found = []  # a few ranks of many: each found by bisection
+        for rank in sorted(ranks):
+            at = bisect_left(self._ranks, rank)
+            while at < len(self._ranks) and self._ranks[at] == rank:
+                found.append((rank, self._rows[at]))
+                at += 1
+        return iter(found)
+
+    def packed(self) -> tuple[bytes, bytes]:
+        """The ranks and the rows, as int32 and uint32 bytes (what C reads)."""
+        return self._ranks.tobytes(), self._rows.tobytes()
+
+    def entries_source(self, rank: int) -> Sequence[Entry]:
+        """The entries of ``rank`` that the rows index."""
+        return self._entries[rank]
+
+    def items(self) -> list[tuple[int, list[Entry]]]:  # type: ignore[override]
+        """(rank, its entries) in the order of the ranks, as a list (every op's are read by the layout)."""
+        if self._several:
+            return [(rank, self[rank]) for rank in self]
+        # every part one row: made by C-level maps, with no Python call per entry
+        heads = map(getitem, map(self._entries.__getitem__, self._ranks), self._rows)
+        return list(zip(self._ranks, map(list, zip(heads)), strict=True))
+
+    def values(self) -> list[list[Entry]]:  # type: ignore[override]
+        return [entries for _, entries in self.items()]
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
 @dataclass(slots=True)
 class MatchedOp:
     """One logical op of a group: a collective (by seq) or a send/recv pair, across its ranks."""
@@ -277,7 +363,8 @@ class MatchedOp:
     group: Group
     kind: str  # "collective" or "p2p"
     seq: int
-    entries: dict[int, list[Entry]]  # rank -> its entries (several for a coalesced group)
+    # rank -> its entries (several for a coalesced group): a dict, or for a collective ``EntriesByRank``
+    entries: Mapping[int, list[Entry]]
     missing: tuple[int, ...] = ()  # members that never issued it
     unknown: tuple[int, ...] = ()  # members with no dump, or whose buffer no longer covers it
     status: str = OK
@@ -289,7 +376,7 @@ class MatchedOp:
     first_time_ns: int = 0  # when the first rank enqueued it (set by the matcher)
     # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry),
     # and the state of each rank's part (that of its state entry).
-    created_ns: list[int] = field(default_factory=list)
+    created_ns: Sequence[int] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
 
     @property
@@ -304,7 +391,49 @@ class MatchedOp:
         return f"{op_name} #{self.seq}"
 
 
-def majority_op(entries_by_rank: dict[int, list[Entry]]) -> str:
+def entries_at(entries: Sequence[Entry], rows: Sequence[int]) -> list[Entry]:
+    """The entries at ``rows`` of a rank's entries: where they are made when asked for
+    (``read.columns.EntryRows``), in one call."""
+    take = getattr(entries, "rows", None)
+    return take(rows) if take is not None else [entries[row] for row in rows]
+
+
+def distinct_values(entries: Sequence[Entry], field: str) -> set[Any]:
+    """The values that one of ``Entry``'s fields takes in ``entries``: from its column, without making the
+    entries, where they are made when asked for (``read.columns.EntryRows``)."""
+    distinct = getattr(entries, "distinct", None)
+    if distinct is not None:
+        return distinct(field)  # type: ignore[no-any-return]
+    return set(map(attrgetter(field), entries))
+
+
+def entries_of_ops(ops: Sequence[MatchedOp], ranks: Collection[int] | None = None) -> list[Mapping[int, list[Entry]]]:
+    """Each op's ``entries`` (only those of ``ranks``, if given), as a dict: where ops hold rows of entries
+    made when asked for, each rank's are made in one call for all of ``ops``, not one call per op and rank.
+    Ops that hold their entries otherwise give them as they are, ``ranks`` or not."""
+    wanted: dict[int, list[int]] = {}  # rank -> its rows, op after op
+    sources: dict[int, Sequence[Entry]] = {}
+    for op in ops:
+        if isinstance(op.entries, EntriesByRank):
+            for rank, row in op.entries.rows(ranks):
+                if rank not in wanted:
+                    wanted[rank] = []
+                    sources[rank] = op.entries.entries_source(rank)
+                wanted[rank].append(row)
+    made = {rank: iter(entries_at(sources[rank], rows)) for rank, rows in wanted.items()}
+    held: list[Mapping[int, list[Entry]]] = []
+    for op in ops:
+        if not isinstance(op.entries, EntriesByRank):
+            held.append(op.entries)
+            continue
+        parts: dict[int, list[Entry]] = {}
+        for rank, _ in op.entries.rows(ranks):
+            parts.setdefault(rank, []).append(next(made[rank]))
+        held.append(parts)
+    return held
+
+
+def majority_op(entries_by_rank: Mapping[int, list[Entry]]) -> str:
     """The op name most ranks issued (ties: the alphabetically last, so that it is stable)."""
     counts: dict[str, int] = {}
     for entries in entries_by_rank.values():

@@ -33,6 +33,7 @@ from ..base.model import (
     Finding,
     Frame,
     LogEvent,
+    distinct_values,
 )
 from ..base.words import ranks_text, verb
 from ..read.job import Job
@@ -231,6 +232,8 @@ def unrecorded_ops(job: Job) -> tuple[int, int] | None:
     are ops that were not recorded: sends and recvs."""
     most: tuple[int, int] | None = None
     for rank, dump in job.dumps.items():
+        if "gloo" not in distinct_values(dump.entries, "backend"):
+            continue  # most jobs: NCCL's, read from its columns without making an entry
         last: dict[str, Entry] = {}
         skipped = 0
         for entry in dump.entries:

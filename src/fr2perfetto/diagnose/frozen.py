@@ -21,6 +21,7 @@ rank at work whose stack changes from one snapshot to the next; a hung one has n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..base.model import Entry, Frame, StackSnapshot, ThreadStack
@@ -104,6 +105,6 @@ def _staying(rank: int, snapshots: list[StackSnapshot]) -> Still | None:
                  first_snapshot.source, newest_snapshot.source)  # fmt: skip
 
 
-def _enqueued_after(entries: list[Entry], moment: int) -> bool:
+def _enqueued_after(entries: Sequence[Entry], moment: int) -> bool:
     """Whether any of a rank's entries was enqueued after ``moment`` (its newest are last)."""
     return any(entry.time_created_ns > moment for entry in entries[-16:])

@@ -21,6 +21,7 @@ the anchor must agree too, or the ranks do not run the same part of the program 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from ..base.model import Entry, MatchedOp
 from ..base.words import group_called
@@ -61,7 +62,7 @@ def parting(evidence: Evidence, siblings: Siblings, op: MatchedOp) -> tuple[int,
 
 
 def _one_left_out(
-    evidence: Evidence, ranks: list[int], after: dict[int, list[Step]], entries: dict[int, list[Entry]], anchor: str
+    evidence: Evidence, ranks: list[int], after: dict[int, list[Step]], entries: dict[int, Sequence[Entry]], anchor: str
 ) -> tuple[int, str] | None:
     """Of two ranks, the one whose stream is the other's with one op left out, where only one fits."""
     a, b = ranks
@@ -83,7 +84,7 @@ def _one_left_out(
 
 
 def _odd_one(
-    evidence: Evidence, ranks: list[int], after: dict[int, list[Step]], entries: dict[int, list[Entry]], anchor: str
+    evidence: Evidence, ranks: list[int], after: dict[int, list[Step]], entries: dict[int, Sequence[Entry]], anchor: str
 ) -> tuple[int, str] | None:
     """Of three or more ranks, the only one that issued another op where all the others issued one."""
     parted = _parted_at([after[r] for r in ranks])
@@ -121,7 +122,7 @@ def _fits_without(mine: list[Step], theirs: list[Step], parted: int) -> bool:
     return overlap >= 1 and rest[:overlap] == shifted[:overlap]
 
 
-def _anchor(entries: list[Entry], group_name: str, seq: int) -> int | None:
+def _anchor(entries: Sequence[Entry], group_name: str, seq: int) -> int | None:
     """Where a rank's collective ``seq`` of the group is in its entries (its last one, for a coalesced group)."""
     found = None
     for i, entry in enumerate(entries):

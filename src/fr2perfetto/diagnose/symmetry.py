@@ -297,7 +297,7 @@ def _entry_name(evidence: Evidence, rank: int, entry: Entry) -> str:
     """An entry as ``_name`` names its op: ``pp's send 3->1 #8`` (#: the pair's order), ``dp's all_reduce #7``."""
     group = evidence.job.group_of[(rank, entry.group_name)]
     for op in evidence.ops:
-        if op.group is group and any(e is entry for e in op.entries.get(rank, ())):
+        if op.group is group and any(e == entry for e in op.entries.get(rank, ())):  # made anew: not `is`
             return f"{group_called(group)}'s {op.title_as(entry.op)}"
     return f"{group_called(group)}'s {entry.op} #{entry.p2p_seq if entry.is_p2p else entry.collective_seq}"
 

@@ -73,7 +73,7 @@ def _last_progress(evidence: Evidence, op: MatchedOp, rank: int) -> int:
     entries = evidence.job.dumps[rank].entries
     mine = op.entries[rank][0]
     for index in range(len(entries) - 1, 0, -1):
-        if entries[index] is mine:
+        if entries[index] == mine:  # entries made anew from columns are equal, not the same
             before = entries[index - 1]
             # a completion noticed after it issued this op (the watchdog polls) says nothing of before
             moved = max(before.time_created_ns, min(before.time_completed_ns or 0, mine.time_created_ns))

@@ -11,9 +11,10 @@ the streams of its single sends and recvs, one per peer (``streams``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
 
-from ..base.model import Entry, Finding, Group, MatchedOp, ranks_label, time_range
+from ..base.model import EntriesByRank, Entry, Finding, Group, MatchedOp, entries_of_ops, ranks_label, time_range
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
 from ..base.words import UNNAMED, group_called, lateness_track
@@ -50,18 +51,49 @@ def rank_uuid(rank: int) -> int:
 
 
 def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
-    """Index ops by the ranks that hold entries for them (or should have: missing ranks)."""
-    if ranks is None and _speedups is not None:
-        return _speedups.ops_by_rank(ops)  # type: ignore[no-any-return]
-    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
+    """Index ops by the ranks that hold entries for them (or should have: missing ranks), of ``ranks`` only
+    if given. Where ops hold rows of entries made when asked for, each rank's are made at once: with every
+    rank, all of them (the layout reads every one), else those of ``ranks`` (``entries_of_ops``)."""
+    if ranks is not None:
+        return _ops_by_rank_in_python(ops, entries_of_ops(ops, ranks), {}, ranks)
+    held: list[Mapping[int, list[Entry]] | tuple[bytes, bytes]] = []
+    made: dict[int, list[Entry]] = {}
     for op in ops:
-        if ranks is not None and len(ranks) < len(op.entries):
+        entries = op.entries
+        if isinstance(entries, EntriesByRank):
+            held.append(entries.packed())
+            for rank in entries:
+                if rank not in made:
+                    made[rank] = list(entries.entries_source(rank))
+        else:
+            held.append(entries)
+    if _speedups is not None:
+        return _speedups.ops_by_rank(ops, held, made)  # type: ignore[no-any-return]
+    return _ops_by_rank_in_python(ops, held, made)
+
+
+def _ops_by_rank_in_python(
+    ops: list[MatchedOp],
+    held: Sequence[Mapping[int, list[Entry]] | tuple[bytes, bytes]],
+    made: dict[int, list[Entry]],
+    ranks: set[int] | None = None,
+) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
+    """``ops_by_rank``, from each op's entries as ``held`` gives them: a mapping of rank -> its entries, or
+    (ranks, rows) as ``EntriesByRank.packed`` gives them, the entries at those rows of ``made[rank]``."""
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
+    for op, entries_by_rank in zip(ops, held, strict=True):
+        if isinstance(entries_by_rank, tuple):
+            parts: dict[int, list[Entry]] = {}
+            for rank, row in zip(array("i", entries_by_rank[0]), array("I", entries_by_rank[1]), strict=True):
+                parts.setdefault(rank, []).append(made[rank][row])
+            entries_by_rank = parts
+        if ranks is not None and len(ranks) < len(entries_by_rank):
             for rank in ranks:
-                entries = op.entries.get(rank)
+                entries = entries_by_rank.get(rank)
                 if entries is not None:
                     index.setdefault(rank, []).append((op, entries))
         else:
-            for rank, entries in op.entries.items():
+            for rank, entries in entries_by_rank.items():
                 if ranks is None or rank in ranks:
                     index.setdefault(rank, []).append((op, entries))
         for rank in op.missing:

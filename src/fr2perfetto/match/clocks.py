@@ -23,7 +23,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..base.model import COMPLETED, Group, MatchedOp, state_entry
+from ..base.model import COMPLETED, Group, MatchedOp, entries_of_ops, state_entry
 
 SAMPLE_BUDGET = 200_000  # (rank, op) completion times used at most, over every group
 MIN_OPS, MAX_OPS = 16, 64  # the newest completed collectives of each group that are used
@@ -99,10 +99,12 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
             picked.append(op)
     per_group = {}
     noticed: dict[int, list[int]] = {}
+    # every chosen op's entries, made at once: thousands of ops, each of every member
+    held = iter(entries_of_ops([op for picked in chosen.values() for op in picked]))
     for group, picked in chosen.items():
         samples = []
-        for op in picked:
-            last = {rank: state_entry(entries) for rank, entries in op.entries.items()}
+        for _, entries_by_rank in zip(picked, held, strict=False):  # held goes on with the next group
+            last = {rank: state_entry(entries) for rank, entries in entries_by_rank.items()}
             times = [(rank, entry.time_completed_ns) for rank, entry in last.items()]
             if all(time for _, time in times):
                 samples.append(times)

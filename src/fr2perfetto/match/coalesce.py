@@ -80,8 +80,10 @@ def _op_names(dump: RankDump) -> set[str]:
 
 
 def _link_rank(dump: RankDump, ends: dict[str, bool]) -> dict[str, list[int]]:
-    """Link one rank's coalesced groups; return, per group, the collective seqs its batches consumed."""
-    entries = dump.entries
+    """Link one rank's coalesced groups; return, per group, the collective seqs its batches consumed.
+    Its entries are held from here on (a list): some are replaced."""
+    entries = list(dump.entries)
+    dump.entries = entries
     open_runs: dict[tuple[str, bool, int], list[int]] = {}  # (group, p2p, seq) -> positions of its ops
     last_in_group: dict[str, int] = {}  # group -> position of its latest entry
     last_collective: dict[str, int] = {}  # group -> seq of its latest collective

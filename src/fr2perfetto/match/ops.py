@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from ..base.model import (
@@ -23,10 +25,12 @@ from ..base.model import (
     OK,
     SCHEDULED,
     STUCK,
+    EntriesByRank,
     Entry,
     Group,
     MatchedOp,
     RankDump,
+    entries_at,
     head_entry,
     inner_entries,
     majority_op,
@@ -44,7 +48,6 @@ _SCAN_FIELDS = tuple(
     Entry._fields.index(name)
     for name in ("time_created_ns", "op", "input_sizes", "input_dtypes", "state", "backend", "closed_by")
 )
-_CREATED_FIELD = Entry._fields.index("time_created_ns")
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
 NO_GROUP = 0xFFFFFFFF  # in a rank's column of group indices: a group the rank does not know by that name
@@ -53,37 +56,46 @@ NO_GROUP = 0xFFFFFFFF  # in a rank's column of group indices: a group the rank d
 def match_ops(job: Job) -> list[MatchedOp]:
     """Every op of the job, matched across ranks and classified, in the order the ops began."""
     link_coalesced(job)
+    if any(a > b for a, b in pairwise(job.dumps)):  # an op's ranks are found by bisection: in order
+        job.dumps = dict(sorted(job.dumps.items()))
     named: dict[int, dict[str, Group]] = defaultdict(dict)  # rank -> group name -> the group it means there
     for (rank, name), group in job.group_of.items():
         named[rank][name] = group
-    groups, inputs, op_names, untracked = _take_collective_columns(job, named)
+    groups, inputs, op_names, untracked, name_list = _take_collective_columns(job, named)
     match = _speedups.match_collectives if _speedups is not None else _match_collectives_in_python
-    filed, spans, p2p_lists = match(
-        inputs, len(groups), op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED),
-        _CREATED_FIELD,
-    )  # fmt: skip
+    filed, spans, p2p_rows = match(
+        inputs, len(groups), op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED)
+    )
     ranks = list(job.dumps)
     covered: dict[tuple[int, Group], list[int]] = {  # (rank, group) -> [first seq, last seq]
         (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
     }
     p2p_by_rank: dict[int, list[Entry]] = {}
-    for (rank, dump), p2p_entries in zip(job.dumps.items(), p2p_lists, strict=True):
-        if p2p_entries:
-            p2p_by_rank[rank] = p2p_entries
+    for (rank, dump), rows in zip(job.dumps.items(), p2p_rows, strict=True):
+        if rows:
+            p2p_by_rank[rank] = p2p_entries = entries_at(dump.entries, array("I", rows))
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
                 _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
 
     ops: list[MatchedOp] = []
-    scans: dict[int, tuple[bool, int]] = {}  # id(op) -> (alike, pending): see _scan
-    for group_index, seq, entries, scanned in filed:
-        first_time, alike, pending, created, states = scanned if scanned is not None else _scan(entries)
+    scans: dict[int, tuple[bool, int, str | None]] = {}  # id(op) -> (alike, pending, its op name if known)
+    entries_of = {rank: dump.entries for rank, dump in job.dumps.items()}
+    for group_index, seq, ranks_filed, rows, scanned in filed:
+        entries = EntriesByRank(entries_of, array("i", ranks_filed), array("I", rows))
+        known: str | None = None  # its op's name, where every rank issued the same op
+        if scanned is not None:
+            first_time, alike, pending, created_bytes, states, name_index = scanned
+            created: Sequence[int] = array("q", created_bytes)
+            known = name_list[name_index] if alike else None
+        else:
+            first_time, alike, pending, created, states = _scan(entries)
         op = MatchedOp(
             group=groups[group_index], kind="collective", seq=seq, entries=entries, first_time_ns=first_time,
             created_ns=created, states=states,
         )  # fmt: skip
         _find_absent(op, job, covered)
         ops.append(op)
-        scans[id(op)] = (alike, pending)
+        scans[id(op)] = (alike, pending, known)
     for pair in pair_ops(job, p2p_by_rank):
         first_time, alike, pending, created, states = _scan(pair.entries)
         op = MatchedOp(
@@ -92,30 +104,33 @@ def match_ops(job: Job) -> list[MatchedOp]:
             created_ns=created, states=states,
         )  # fmt: skip
         ops.append(op)
-        scans[id(op)] = (alike, pending)
+        scans[id(op)] = (alike, pending, None)
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
-        alike, pending = scans[id(op)]
-        # When every rank issued the same ops, the first rank's op is the majority's.
-        op.name = head_entry(next(iter(op.entries.values()))).op if alike else majority_op(op.entries)
+        alike, pending, known = scans[id(op)]
+        if known is not None:
+            op.name = known
+        else:  # when every rank issued the same ops, the first rank's op is the majority's
+            op.name = head_entry(op.entries[next(iter(op.entries))]).op if alike else majority_op(op.entries)
         classify(op, alike, pending)
     return ops
 
 
-# What ``_match_collectives_in_python`` reads of a rank: (rank, entries, and columns as bytes: group index
-# (uint32), collective seq (int64), op, input sizes and input dtypes (uint32 ids into the job's tables),
-# state (uint8, an index into ``STATES``), created (int64), is p2p (uint8), and in a coalesced group (uint8,
-# or None where none is)).
-RankInput = tuple[int, list[Entry], bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
+# What ``_match_collectives_in_python`` reads of a rank: (rank, its number of rows, and columns as bytes:
+# group index (uint32), collective seq (int64), op, input sizes and input dtypes (uint32 ids into the job's
+# tables), state (uint8, an index into ``STATES``), created (int64), is p2p (uint8), and in a coalesced group
+# (uint8, or None where none is)).
+RankInput = tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
 _INPUT_COLUMNS = ("group", "seq", "op", "sizes", "dtypes", "state", "created", "is_p2p")
-# (group index, seq, rank -> its entries, the op's scan or None), as ``_scan`` gives it
-Filed = tuple[int, int, dict[int, list[Entry]], tuple[int, bool, int, list[int], list[str]] | None]
+# (group index, seq, its rows' ranks and its rows (int32 and uint32 bytes, rank by rank in order), the op's
+# scan or None), as ``_scan`` gives it but for the creation times (int64 bytes), and the index of its op's name
+Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str], int] | None]
 
 
 def _take_collective_columns(
     job: Job, named: dict[int, dict[str, Group]]
-) -> tuple[list[Group], list[RankInput], bytes, bytes]:
+) -> tuple[list[Group], list[RankInput], bytes, bytes, list[str]]:
     """What ``_match_collectives_in_python`` is given: the groups the job's collectives are filed under,
     each rank's input, and per op id of the tables the ids index, its name's index (one per op name) and
     whether its backend records no completion.
@@ -158,7 +173,7 @@ def _take_collective_columns(
             flagged = bytes(entry.closed_by is not None for entry in dump.entries)
         dump.columns = None
         inputs.append((
-            rank, dump.entries, gather(c["group"].tobytes(), remap.tobytes(), 4), c["collective_seq"].tobytes(),
+            rank, len(dump.entries), gather(c["group"].tobytes(), remap.tobytes(), 4), c["collective_seq"].tobytes(),
             c["op"].tobytes(), c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
             c["created"].tobytes(), c["is_p2p"].tobytes(), flagged,
         ))  # fmt: skip
@@ -166,7 +181,7 @@ def _take_collective_columns(
     names: dict[str, int] = {}
     op_names = array("I", [names.setdefault(op, len(names)) for _, op in ops_table])
     untracked = bytes(backend in NO_COMPLETION_BACKENDS for backend, _ in ops_table)
-    return groups, inputs, op_names.tobytes(), untracked
+    return groups, inputs, op_names.tobytes(), untracked, list(names)
 
 
 def _match_collectives_in_python(
@@ -177,33 +192,36 @@ def _match_collectives_in_python(
     states: tuple[str, ...],
     completed: int,
     scheduled: int,
-    created_field: int,
-) -> tuple[list[Filed], list[tuple[int, int, int, int]], list[list[Entry]]]:
+) -> tuple[list[Filed], list[tuple[int, int, int, int]], list[bytes]]:
     """File every rank's collective entries by (group index, collective seq), from the ranks' columns
     (``RankInput``); ``_speedups.match_collectives`` does the same in C. Return:
 
-    - the ops, in the order they are first met (rank by rank, row by row): (group index, seq, rank ->
-      its entries in order, and the op's scan as ``_scan_in_python`` makes it where every rank holds one
-      entry, none in a coalesced group, else None). Entries' ops agree where their op names (the index
+    - the ops, in the order they are first met (rank by rank, row by row): (group index, seq, the rank
+      of each of its rows and the rows (int32 and uint32 bytes), rank by rank in the order of ``ranks``, a
+      rank's rows in order, and the op's scan as ``_scan_in_python`` makes it where every rank holds one
+      entry, none in a coalesced group, else None; with the creation times as int64 bytes, and the index of the
+      first rank's op name in ``op_names``). Entries' ops agree where their op names (the index
       ``op_names`` gives each op id) and their sizes' and dtypes' ids do: the ids of one set of tables are
       one per value. A state is pending unless completed, or scheduled on a backend that records no
-      completion (``untracked``, per op id). A creation time is the entry's own (``created_field``);
+      completion (``untracked``, per op id);
     - each rank's span of seqs on each group it issued collectives of: (rank index, group index,
       first, last), in the order met;
-    - each rank's p2p entries, in order.
+    - each rank's rows of p2p entries (uint32 bytes), in order.
     """
     names = array("I", op_names)
     ops: dict[tuple[int, int], dict[int, list[int]]] = {}  # (group, seq) -> rank index -> rows
     spans: list[tuple[int, int, int, int]] = []
-    p2p_lists: list[list[Entry]] = []
+    p2p_rows: list[bytes] = []
     read: list[dict[str, Any]] = []  # per rank: column name -> its values
-    for index, (_, entries, *raw, flagged) in enumerate(ranks):
+    for index, (_, count, *raw, flagged) in enumerate(ranks):
         c: dict[str, Any] = {
             name: array(kind, data) for name, kind, data in zip(_INPUT_COLUMNS, "IqIIIBqB", raw, strict=True)
         }
-        c["flagged"] = flagged or bytes(len(entries))
+        if any(len(column) != count for column in c.values()):
+            raise ValueError("match_collectives: a column of the wrong length")
+        c["flagged"] = flagged or bytes(count)
         read.append(c)
-        p2p_lists.append([entry for entry, p2p in zip(entries, c["is_p2p"], strict=True) if p2p])
+        p2p_rows.append(array("I", [row for row, p2p in enumerate(c["is_p2p"]) if p2p]).tobytes())
         span: dict[int, list[int]] = {}  # group -> [first seq, last seq]
         for row, (group, seq, p2p) in enumerate(zip(c["group"], c["seq"], c["is_p2p"], strict=True)):
             if p2p:
@@ -216,7 +234,8 @@ def _match_collectives_in_python(
         spans += [(index, group, first, last) for group, (first, last) in span.items()]
     filed: list[Filed] = []
     for (group, seq), rows_by_rank in ops.items():
-        by_rank = {ranks[index][0]: [ranks[index][1][row] for row in rows] for index, rows in rows_by_rank.items()}
+        ranks_filed = array("i", [ranks[index][0] for index, rows in rows_by_rank.items() for _ in rows])
+        rows_filed = array("I", [row for rows in rows_by_rank.values() for row in rows])
         scanned = None
         if all(len(rows) == 1 and not read[index]["flagged"][rows[0]] for index, rows in rows_by_rank.items()):
             parts = [(read[index], rows[0]) for index, rows in rows_by_rank.items()]
@@ -230,11 +249,14 @@ def _match_collectives_in_python(
                 c["state"][row] != completed and not (untracked[c["op"][row]] and c["state"][row] == scheduled)
                 for c, row in parts
             )
-            created_ns: list[int] = [entries[0][created_field] for entries in by_rank.values()]  # type: ignore[misc]
-            first = min(range(len(parts)), key=lambda k: parts[k][0]["created"][parts[k][1]])
-            scanned = (created_ns[first], alike, pending, created_ns, [states[c["state"][row]] for c, row in parts])
-        filed.append((group, seq, by_rank, scanned))
-    return filed, spans, p2p_lists
+            created_ns = array("q", [c["created"][row] for c, row in parts])
+            first = min(created_ns)
+            scanned = (
+                first, alike, pending, created_ns.tobytes(), [states[c["state"][row]] for c, row in parts],
+                names[reference["op"][at]],
+            )  # fmt: skip
+        filed.append((group, seq, ranks_filed.tobytes(), rows_filed.tobytes(), scanned))
+    return filed, spans, p2p_rows
 
 
 def _widen_by_p2p(
@@ -266,16 +288,18 @@ def _widen_by_p2p(
             span[1] = seq
 
 
-def _scan(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
+def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
     """What ``_scan_in_python`` says; in C where the speed-ups are built and every rank holds one entry."""
     if _speedups is not None:
+        if not isinstance(entries_by_rank, dict):
+            entries_by_rank = dict(entries_by_rank.items())
         scanned = _speedups.scan_op(entries_by_rank, _SCAN_FIELDS, COMPLETED, SCHEDULED, NO_COMPLETION_BACKENDS)
         if scanned is not None:
             return scanned  # type: ignore[no-any-return]
     return _scan_in_python(entries_by_rank)
 
 
-def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
+def _scan_in_python(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
     """One pass over an op's entries: when the first rank enqueued it, whether every rank issued the
     same ops with the same sizes and dtypes, how many ranks have not completed it, and, in the order of
     ``entries_by_rank``, when each rank enqueued it (its first entry) and the state of its part.
@@ -322,7 +346,12 @@ def _scan_in_python(entries_by_rank: dict[int, list[Entry]]) -> tuple[int, bool,
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
     """Sort the members without an entry into ``missing`` (never issued) and ``unknown``."""
     members = op.group.members
-    if len(op.entries) >= len(members) and all(map(op.entries.__contains__, members)):
+    entries = op.entries
+    if (
+        entries.covers(members)
+        if isinstance(entries, EntriesByRank)
+        else len(entries) >= len(members) and all(map(entries.__contains__, members))
+    ):
         return  # every member issued it (the common case: checked at C speed)
     missing: list[int] = []
     unknown: list[int] = []

@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
-from typing import Any
+from typing import Any, overload
 
 from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry, RankColumns, RankDump
 from ..base.speedups import SPEEDUPS as _speedups
@@ -227,12 +227,12 @@ class JobTables:
         return RankColumns(rank.rank, columns, self.values)
 
     def fill(self, dump: RankDump, rank: RankColumns) -> None:
-        """Give ``dump`` its entries, made from ``rank``, and those of its columns the matcher reads
-        (``KEPT_COLUMNS``: the entries hold the rest), both after ``rank``'s tables are merged into the
-        job's: every name, size, dtype list and stack, and every id, seq and timeout value, one object
-        across the job's ranks, and one id per value in every rank's columns."""
+        """Give ``dump`` its entries, made from ``rank`` when asked for (``EntryRows``), and those of its
+        columns the matcher reads (``KEPT_COLUMNS``), both after ``rank``'s tables are merged into the
+        job's: every name, size, dtype list and stack one object across the job's ranks, and one id per
+        value in every rank's columns."""
         merged = self.merge(rank)
-        dump.entries = to_entries(merged, make_entries, self.canonical, self.ints)
+        dump.entries = EntryRows(len(merged), entry_sources(merged, self.canonical))
         dump.columns = RankColumns(rank.rank, {name: merged.columns[name] for name in KEPT_COLUMNS}, self.values)
 
 
@@ -250,21 +250,30 @@ Source = tuple[str, Any, Any]
 MakeEntries = Callable[[type[Entry], int, list[Source]], list[Entry]]
 
 
-def entries_in_python(entry_type: type[Entry], count: int, sources: list[Source]) -> list[Entry]:
-    """``count`` entries of ``entry_type``, field by field from ``sources`` (``Source``): what
-    ``_speedups.entries_from_columns`` does, and where the speed-ups are not built."""
+def entries_in_python(
+    entry_type: type[Entry], count: int, sources: list[Source], rows: bytes | None = None
+) -> list[Entry]:
+    """The entries of ``entry_type`` at ``rows`` (uint32 bytes; None: all ``count``), field by field from
+    ``sources`` (``Source``), each of ``count`` rows: what ``_speedups.entries_from_columns`` does, and
+    where the speed-ups are not built."""
+    wanted: Sequence[int] = range(count) if rows is None else array("I", rows)
+    if any(row >= count for row in wanted):
+        raise IndexError("entries_from_columns: a row beyond the columns")
     fields: list[Any] = []
     for kind, data, extra in sources:
         if kind == "v":
-            fields.append(data)
+            fields.append([data[row] for row in wanted])
         elif kind == "c":
-            fields.append(repeat(extra, count))
+            fields.append(repeat(extra, len(wanted)))
         elif kind in ("I", "B"):
-            fields.append(map(extra.__getitem__, array(kind, data)))
+            ids = array(kind, data)
+            fields.append([extra[ids[row]] for row in wanted])
         elif kind in ("0", "1"):
-            fields.append([extra[index][int(kind)] for index in array("I", data)])
+            ids = array("I", data)
+            fields.append([extra[ids[row]][int(kind)] for row in wanted])
         else:
-            values: Any = array("d" if kind == "d" else "q", data)
+            column: Any = array("d" if kind == "d" else "q", data)
+            values = [column[row] for row in wanted]
             if kind == "d":
                 fields.append([None if value != value else value for value in values])
                 continue
@@ -274,11 +283,80 @@ def entries_in_python(entry_type: type[Entry], count: int, sources: list[Source]
     return list(map(tuple.__new__, repeat(entry_type), zip(*fields, strict=True)))
 
 
-def make_entries(entry_type: type[Entry], count: int, sources: list[Source]) -> list[Entry]:
+def make_entries(entry_type: type[Entry], count: int, sources: list[Source], rows: bytes | None = None) -> list[Entry]:
     """``entries_in_python``, in C where the speed-ups are built."""
     if _speedups is not None:
-        return _speedups.entries_from_columns(entry_type, count, sources)  # type: ignore[no-any-return]
-    return entries_in_python(entry_type, count, sources)
+        return _speedups.entries_from_columns(entry_type, count, sources, rows)  # type: ignore[no-any-return]
+    return entries_in_python(entry_type, count, sources, rows)
+
+
+class EntryRows(Sequence[Entry]):
+    """A rank's entries, made from its columns when asked for and held by no one here: a job of millions
+    of entries holds their columns (about 150 bytes an entry), not the entries (about 400).
+
+    Each access makes new ``Entry`` objects, equal to those made before but not the same objects:
+    compare entries with ``==``, never ``is``. Iterating makes them a chunk of rows at a time.
+    """
+
+    __slots__ = ("_count", "_sources")
+    CHUNK = 4096  # rows made at once while iterating: one C call each, little held
+
+    def __init__(self, count: int, sources: list[Source]) -> None:
+        self._count = count
+        self._sources = sources
+
+    def __len__(self) -> int:
+        return self._count
+
+    def rows(self, rows: Sequence[int]) -> list[Entry]:
+        """The entries at ``rows``, in their order."""
+        return make_entries(Entry, self._count, self._sources, array("I", rows).tobytes())
+
+    @overload
+    def __getitem__(self, index: int) -> Entry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Entry]: ...
+    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
+        if isinstance(index, slice):
+            return self.rows(range(*index.indices(self._count)))
+        row = index + self._count if index < 0 else index
+        if not 0 <= row < self._count:
+            raise IndexError("entry index out of range")
+        return self.rows((row,))[0]
+
+    def distinct(self, field: str) -> set[Any]:
+        """The values that one of ``Entry``'s fields takes, from its column where it can (a table's ids)."""
+        kind, data, extra = self._sources[Entry._fields.index(field)]
+        if not self._count:
+            return set()
+        if kind == "c":
+            return {extra}
+        if kind == "v":
+            return set(data)
+        if kind in ("I", "0", "1"):
+            ids = first_uses(data)
+            return set(map(extra.__getitem__, ids)) if kind == "I" else {extra[i][int(kind)] for i in ids}
+        if kind == "B":
+            return set(map(extra.__getitem__, set(data)))
+        return {getattr(entry, field) for entry in self}
+
+    def __iter__(self) -> Iterator[Entry]:
+        for start in range(0, self._count, self.CHUNK):
+            yield from self.rows(range(start, min(start + self.CHUNK, self._count)))
+
+    def __reversed__(self) -> Iterator[Entry]:
+        for stop in range(self._count, 0, -self.CHUNK):
+            yield from reversed(self.rows(range(max(0, stop - self.CHUNK), stop)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))  # as the list of its entries would print
 
 
 def to_entries(
@@ -290,14 +368,20 @@ def to_entries(
     """``rank``'s entries, made by ``make``; each pair of peers ``canonical``'s (value -> itself), as every
     other tuple in them is the tables', and each id, seq and timeout ``ints``' (value -> itself)."""
     count = len(rank)
-    if not count:
-        return []
+    return make(Entry, count, entry_sources(rank, canonical, ints)) if count else []
+
+
+def entry_sources(
+    rank: RankColumns, canonical: dict[Any, Any] | None = None, ints: dict[int, int] | None = None
+) -> list[Source]:
+    """Where each of ``rank``'s entries' fields comes from (``Source``): its columns' bytes and the tables
+    (``to_entries`` says what ``canonical`` and ``ints`` are for)."""
     c, t = rank.columns, rank.tables
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
     canonical = {} if canonical is None else canonical
     ints = {} if ints is None else ints
     peers: Source = ("c", None, None)  # no send or recv: no peers
-    if max(c["p2p_src"]) != NONE:
+    if max(c["p2p_src"], default=NONE) != NONE:
         pairs = [
             None if src == NONE else canonical.setdefault((src, dst), (src, dst))
             for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
@@ -335,7 +419,7 @@ def to_entries(
         looked_up("frames", t["stacks"]),
         ("c", None, None),
     ]  # fmt: skip
-    return make(Entry, count, sources)
+    return sources
 
 
 def group_counts(rank: RankColumns) -> dict[tuple[str, str], int]:

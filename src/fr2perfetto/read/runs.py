@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -262,7 +262,7 @@ def _entry_key(entry: Entry) -> tuple[object, ...]:
     return (entry.record_id, entry.time_created_ns, entry.group_name, entry.collective_seq, entry.op)
 
 
-def _agree(older: list[Entry], newer: list[Entry]) -> bool:
+def _agree(older: Sequence[Entry], newer: Sequence[Entry]) -> bool:
     """Whether ``older``'s entries are ``newer``'s as far as ``newer``'s buffer reaches back (an older
     snapshot with no entry agrees with anything; one whose every entry wrapped away cannot tell)."""
     if not older:
