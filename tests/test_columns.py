@@ -128,17 +128,21 @@ def _matched(job: object) -> list[tuple[object, ...]]:
 @pytest.mark.parametrize("sample", ["gloo/type_mismatch", "gloo/size_mismatch", "nccl/wrap"])
 def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(sample: str):
     """Columns read together share one set of tables; a dump read on its own (from an archive) has its own,
-    and one whose entries changed (redaction, coalesced groups) has none: the matcher moves them all into
-    one set, so that equal ids mean equal values (else one rank's op could pass for another's, and a
-    mismatch go unseen), and matches the same ops."""
+    and one whose entries changed (redaction, coalesced groups) holds its entries and no columns: the
+    matcher moves them all into one set, so that equal ids mean equal values (else one rank's op could
+    pass for another's, and a mismatch go unseen), and matches the same ops."""
     from fr2perfetto.read.job import load_job
 
     folder = str(ROOT / "samples" / sample)
     expected = _matched(load_job([folder], jobs=1))
     for rank in sorted(load_job([folder], jobs=1).dumps):
         job = load_job([folder], jobs=1)
-        kept = job.dumps[rank].columns
-        assert kept is not None
+        entries = job.dumps[rank].entries
+        assert isinstance(entries, columns.EntryRows) and job.dumps[rank].columns is None
+        read = entries.kept_columns()
+        assert read is not None and entries.tables is not None
+        kinds = dict(zip(columns.KEPT_COLUMNS, "IqIIIBqB", strict=True))
+        kept = columns.RankColumns(rank, {n: columns.array(kinds[n], read[n]) for n in kinds}, entries.tables)
         other = columns.JobTables({})  # every value of every table at another id: the last first
         for name, values in kept.tables.items():
             for value in reversed(values):
@@ -148,7 +152,7 @@ def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(
         assert _matched(job) == expected, rank
     job = load_job([folder], jobs=1)
     for dump in list(job.dumps.values())[:2]:
-        dump.columns = None
+        dump.entries = list(dump.entries)  # held: their columns are made again from them
     assert _matched(job) == expected
 
 

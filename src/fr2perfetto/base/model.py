@@ -165,8 +165,8 @@ class RankDump:
     # send's or recv's collective seq is still on the old count
     renumbered_groups: list[str] = field(default_factory=list)
     # ``entries`` as columns, their ids into tables shared by the ranks read together (``read.columns``),
-    # for what reads many entries at once (the matcher); None where the entries were made otherwise.
-    # Whoever replaces or changes the entries must reset it.
+    # for what reads many entries at once (the matcher), where the entries are not made from columns that
+    # it reads (``EntryRows``); else None. Whoever replaces or changes the entries must reset it.
     columns: RankColumns | None = None
 
     @property

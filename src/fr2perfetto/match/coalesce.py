@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from operator import attrgetter
 
-from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, ranks_label
+from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, distinct_values, ranks_label
 from ..read.columns import first_uses
 from ..read.job import Job
 
@@ -71,10 +71,10 @@ def link_coalesced(job: Job) -> None:
 
 
 def _op_names(dump: RankDump) -> set[str]:
-    """The names of the ops ``dump`` holds: from its op column where it has one (without reaching each
+    """The names of the ops ``dump`` holds: from its op column where it has one (without making each
     entry), else from its entries."""
     if dump.columns is None:
-        return set(map(_op_of, dump.entries))
+        return distinct_values(dump.entries, "op")
     ops = dump.columns.tables["ops"]  # (backend, op) pairs
     return {ops[op_id][1] for op_id in first_uses(dump.columns.columns["op"].tobytes())}
 

@@ -29,6 +29,7 @@ from ..base.model import (
     Entry,
     Group,
     MatchedOp,
+    RankColumns,
     RankDump,
     entries_at,
     head_entry,
@@ -37,7 +38,7 @@ from ..base.model import (
     state_entry,
 )
 from ..base.speedups import SPEEDUPS as _speedups
-from ..read.columns import KEPT_COLUMNS, STATES, JobTables, first_uses, from_entries, gather
+from ..read.columns import KEPT_COLUMNS, STATES, EntryRows, JobTables, Tables, first_uses, from_entries, gather
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
@@ -66,6 +67,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
     filed, spans, p2p_rows = match(
         inputs, len(groups), op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED)
     )
+    del inputs  # the columns' bytes: the entries' own, or made for the matcher alone
     ranks = list(job.dumps)
     covered: dict[tuple[int, Group], list[int]] = {  # (rank, group) -> [first seq, last seq]
         (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
@@ -80,7 +82,9 @@ def match_ops(job: Job) -> list[MatchedOp]:
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int, str | None]] = {}  # id(op) -> (alike, pending, its op name if known)
     entries_of = {rank: dump.entries for rank, dump in job.dumps.items()}
-    for group_index, seq, ranks_filed, rows, scanned in filed:
+    filed.reverse()
+    while filed:  # each op's rows let go as they become its arrays: never held twice across the job
+        group_index, seq, ranks_filed, rows, scanned = filed.pop()
         entries = EntriesByRank(entries_of, array("i", ranks_filed), array("I", rows))
         known: str | None = None  # its op's name, where every rank issued the same op
         if scanned is not None:
@@ -128,6 +132,23 @@ _INPUT_COLUMNS = ("group", "seq", "op", "sizes", "dtypes", "state", "created", "
 Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str], int] | None]
 
 
+# The type of each column the matcher reads, as ``array`` spells it.
+_KINDS = {name: kind for name, kind in zip(KEPT_COLUMNS, "IqIIIBqB", strict=True)}
+
+
+def _kept_columns(dump: RankDump) -> tuple[dict[str, bytes], Tables | None]:
+    """The columns of ``dump`` the matcher reads (``KEPT_COLUMNS``), as bytes, and the tables their ids
+    index: the dump's ``columns`` where it has them, else those its entries are made from; None for tables
+    where it has neither (its entries are held, and their columns must be made)."""
+    if dump.columns is not None:
+        return {name: dump.columns.columns[name].tobytes() for name in KEPT_COLUMNS}, dump.columns.tables
+    if isinstance(dump.entries, EntryRows):
+        kept = dump.entries.kept_columns()
+        if kept is not None:
+            return kept, dump.entries.tables
+    return {}, None
+
+
 def _take_collective_columns(
     job: Job, named: dict[int, dict[str, Group]]
 ) -> tuple[list[Group], list[RankInput], bytes, bytes, list[str]]:
@@ -135,47 +156,50 @@ def _take_collective_columns(
     each rank's input, and per op id of the tables the ids index, its name's index (one per op name) and
     whether its backend records no completion.
 
-    The columns are those the reader made (``RankDump.columns``), with ids into tables every rank shares;
-    a rank without them (entries made otherwise, or changed since) has them made from its entries, and
-    where the ranks' columns do not share their tables they are merged into one set. Each dump's columns
-    are taken from it as they are read (nothing reads them after the matcher), so that a rank's columns
-    and the bytes made of them for the matcher are not held both at once across the job.
+    The columns are those the reader made (those the entries are made from, ``EntryRows.kept_columns``,
+    or else ``RankDump.columns``), with ids into tables every rank shares; a rank without them (entries
+    made otherwise, or changed since) has them made from its entries, and where the ranks' columns do not
+    share their tables they are merged into one set. A dump's ``columns`` are taken from it as they are
+    read (nothing reads them after the matcher), so that they and the bytes made of them for the matcher
+    are not held both at once across the job.
     """
-    kept = [dump.columns for dump in job.dumps.values() if dump.columns is not None]
-    uses = Counter(id(rank_columns.tables) for rank_columns in kept)
+    read = {rank: _kept_columns(dump) for rank, dump in job.dumps.items()}
+    uses = Counter(id(tables) for _, tables in read.values() if tables is not None)
     # the tables most ranks index go on; any other rank's ids are moved into them
-    most = next((c.tables for c in kept if id(c.tables) == uses.most_common(1)[0][0]), None) if kept else None
-    del kept
+    most = next((t for _, t in read.values() if t is not None and id(t) == uses.most_common(1)[0][0]), None)
     tables: JobTables | None = None
     groups: list[Group] = []
     index_of: dict[Group, int] = {}
     inputs: list[RankInput] = []
     for rank, dump in job.dumps.items():
-        rank_columns = dump.columns
-        if rank_columns is None or rank_columns.tables is not most:
+        c, rank_tables = read.pop(rank)
+        if rank_tables is None or rank_tables is not most:
             if tables is None:
                 tables = JobTables.going_on_from(most) if most is not None else JobTables({})
                 most = tables.values
-            made = rank_columns if rank_columns is not None else from_entries(rank, dump.entries, KEPT_COLUMNS)
-            rank_columns = tables.merge(made)
-        c = rank_columns.columns
+            made = (
+                RankColumns(rank, {name: array(_KINDS[name], c[name]) for name in KEPT_COLUMNS}, rank_tables)
+                if rank_tables is not None
+                else from_entries(rank, dump.entries, KEPT_COLUMNS)
+            )
+            merged = tables.merge(made)
+            c, rank_tables = {name: column.tobytes() for name, column in merged.columns.items()}, merged.tables
         known = named[rank]
-        table = rank_columns.tables["groups"]
+        table = rank_tables["groups"]
         remap = array("I", [NO_GROUP]) * len(table)
-        for group_id in first_uses(c["group"].tobytes()):
+        for group_id in first_uses(c["group"]):
             group = known.get(table[group_id][0])
             if group is not None:
                 remap[group_id] = index_of.setdefault(group, len(index_of))
                 if remap[group_id] == len(groups):
                     groups.append(group)
         flagged = None
-        if dump.columns is None and any(entry.closed_by is not None for entry in dump.entries):
+        if not isinstance(dump.entries, EntryRows) and any(entry.closed_by is not None for entry in dump.entries):
             flagged = bytes(entry.closed_by is not None for entry in dump.entries)
         dump.columns = None
         inputs.append((
-            rank, len(dump.entries), gather(c["group"].tobytes(), remap.tobytes(), 4), c["collective_seq"].tobytes(),
-            c["op"].tobytes(), c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
-            c["created"].tobytes(), c["is_p2p"].tobytes(), flagged,
+            rank, len(dump.entries), gather(c["group"], remap.tobytes(), 4), c["collective_seq"], c["op"],
+            c["input_sizes"], c["input_dtypes"], c["state"], c["created"], c["is_p2p"], flagged,
         ))  # fmt: skip
     ops_table = most["ops"] if most is not None else []
     names: dict[str, int] = {}

@@ -56,8 +56,13 @@ _TYPES = {
 COLUMNS = tuple(_TYPES)
 
 Tables = dict[str, list[Any]]
-# What a dump keeps of its columns beside its entries (``RankDump.columns``): what the matcher reads.
-KEPT_COLUMNS = ("group", "collective_seq", "op", "input_sizes", "input_dtypes", "state", "created", "is_p2p")
+# What the matcher reads of a rank's columns (``RankDump.columns``, ``EntryRows.kept_columns``), and the
+# field of ``Entry`` each column is read into
+_KEPT_FIELDS = {
+    "group": "group_name", "collective_seq": "collective_seq", "op": "op", "input_sizes": "input_sizes",
+    "input_dtypes": "input_dtypes", "state": "state", "created": "time_created_ns", "is_p2p": "is_p2p",
+}  # fmt: skip
+KEPT_COLUMNS = tuple(_KEPT_FIELDS)
 
 
 def _ids(values: Sequence[Any] | map[Any], table: dict[Any, int]) -> array[int]:
@@ -227,13 +232,12 @@ class JobTables:
         return RankColumns(rank.rank, columns, self.values)
 
     def fill(self, dump: RankDump, rank: RankColumns) -> None:
-        """Give ``dump`` its entries, made from ``rank`` when asked for (``EntryRows``), and those of its
-        columns the matcher reads (``KEPT_COLUMNS``), both after ``rank``'s tables are merged into the
-        job's: every name, size, dtype list and stack one object across the job's ranks, and one id per
-        value in every rank's columns."""
+        """Give ``dump`` its entries, made from ``rank`` when asked for (``EntryRows``, which the matcher
+        reads the columns of), after ``rank``'s tables are merged into the job's: every name, size, dtype
+        list and stack one object across the job's ranks, and one id per value in every rank's columns."""
         merged = self.merge(rank)
-        dump.entries = EntryRows(len(merged), entry_sources(merged, self.canonical))
-        dump.columns = RankColumns(rank.rank, {name: merged.columns[name] for name in KEPT_COLUMNS}, self.values)
+        dump.entries = EntryRows(len(merged), entry_sources(merged, self.canonical), self.values)
+        dump.columns = None
 
 
 _BOOLS = (False, True)
@@ -298,12 +302,20 @@ class EntryRows(Sequence[Entry]):
     compare entries with ``==``, never ``is``. Iterating makes them a chunk of rows at a time.
     """
 
-    __slots__ = ("_count", "_sources")
+    __slots__ = ("_count", "_sources", "tables")
     CHUNK = 4096  # rows made at once while iterating: one C call each, little held
 
-    def __init__(self, count: int, sources: list[Source]) -> None:
+    def __init__(self, count: int, sources: list[Source], tables: Tables | None = None) -> None:
         self._count = count
         self._sources = sources
+        self.tables = tables  # those the sources' ids index, where they are a set of tables (``fill``)
+
+    def kept_columns(self) -> dict[str, bytes] | None:
+        """The columns the matcher reads (``KEPT_COLUMNS``) as the bytes the entries are made from (ids into
+        ``tables``); None without tables."""
+        if self.tables is None:
+            return None
+        return {name: self._sources[Entry._fields.index(field)][1] for name, field in _KEPT_FIELDS.items()}
 
     def __len__(self) -> int:
         return self._count
@@ -368,31 +380,32 @@ def to_entries(
     """``rank``'s entries, made by ``make``; each pair of peers ``canonical``'s (value -> itself), as every
     other tuple in them is the tables', and each id, seq and timeout ``ints``' (value -> itself)."""
     count = len(rank)
-    return make(Entry, count, entry_sources(rank, canonical, ints)) if count else []
+    return make(Entry, count, entry_sources(rank, canonical, {} if ints is None else ints)) if count else []
 
 
 def entry_sources(
     rank: RankColumns, canonical: dict[Any, Any] | None = None, ints: dict[int, int] | None = None
 ) -> list[Source]:
-    """Where each of ``rank``'s entries' fields comes from (``Source``): its columns' bytes and the tables
-    (``to_entries`` says what ``canonical`` and ``ints`` are for)."""
-    c, t = rank.columns, rank.tables
+    """Where each of ``rank``'s entries' fields comes from (``Source``): its columns' bytes (each column's
+    once, whichever fields read it) and the tables (``to_entries`` says what ``canonical`` and ``ints`` are
+    for; without ``ints``, each entry made has ints of its own: entries made when asked for are let go)."""
+    t = rank.tables
+    c = {name: column.tobytes() for name, column in rank.columns.items()}
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
     canonical = {} if canonical is None else canonical
-    ints = {} if ints is None else ints
     peers: Source = ("c", None, None)  # no send or recv: no peers
-    if max(c["p2p_src"], default=NONE) != NONE:
+    if max(rank.columns["p2p_src"], default=NONE) != NONE:
         pairs = [
             None if src == NONE else canonical.setdefault((src, dst), (src, dst))
-            for src, dst in zip(c["p2p_src"], c["p2p_dst"], strict=True)
+            for src, dst in zip(rank.columns["p2p_src"], rank.columns["p2p_dst"], strict=True)
         ]
         peers = ("v", pairs, None)
 
     def shared(name: str) -> Source:
-        return ("q", c[name].tobytes(), ints)
+        return ("q", c[name], ints)
 
     def looked_up(name: str, table: Sequence[Any], part: str = "I") -> Source:
-        return (part, c[name].tobytes(), table)
+        return (part, c[name], table)
 
     sources: list[Source] = [
         ("c", None, rank.rank),
@@ -402,18 +415,18 @@ def entry_sources(
         looked_up("op", ops, "0"),
         looked_up("op", ops, "1"),
         peers,
-        ("B", c["is_p2p"].tobytes(), _BOOLS),
+        ("B", c["is_p2p"], _BOOLS),
         looked_up("input_sizes", t["sizes"]),
         looked_up("output_sizes", t["sizes"]),
         looked_up("input_dtypes", t["dtypes"]),
         looked_up("output_dtypes", t["dtypes"]),
-        ("B", c["state"].tobytes(), STATES),
-        ("B", c["retired"].tobytes(), _BOOLS),
-        ("q", c["created"].tobytes(), None),
-        ("Q", c["started"].tobytes(), None),
-        ("Q", c["completed"].tobytes(), None),
-        ("d", c["duration"].tobytes(), None),
-        ("Q", c["timeout"].tobytes(), ints),
+        ("B", c["state"], STATES),
+        ("B", c["retired"], _BOOLS),
+        ("q", c["created"], None),
+        ("Q", c["started"], None),
+        ("Q", c["completed"], None),
+        ("d", c["duration"], None),
+        ("Q", c["timeout"], ints),
         looked_up("thread", threads, "0"),
         looked_up("thread", threads, "1"),
         looked_up("frames", t["stacks"]),
