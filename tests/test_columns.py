@@ -174,9 +174,31 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
         assert entries[1:4] == expected[1:4] and entries[-2:] == expected[-2:] and entries[::2] == expected[::2]
         assert entries.rows([3, 0, 3]) == [expected[3], expected[0], expected[3]]
         assert entries == expected and repr(entries) == repr(expected)
-        for field in ("backend", "group_name", "op", "state", "frames", "collective_seq", "p2p_local"):
+        fields = ("backend", "group_name", "op", "state", "frames", "collective_seq", "p2p_local", "time_created_ns",
+                  "time_started_ns", "timeout_ms", "duration_ms")  # fmt: skip
+        for field in fields:
             assert entries.distinct(field) == {getattr(e, field) for e in expected}, field
+        for seq in {e.collective_seq for e in expected} | {-1, 10**6}:
+            assert entries.rows_with("collective_seq", seq) == [
+                row for row, e in enumerate(expected) if e.collective_seq == seq
+            ]
         with pytest.raises(IndexError):
             entries[len(expected)]
         with pytest.raises(IndexError):
             entries.rows([len(expected)])
+
+
+@pytest.mark.parametrize("sample", ["nccl/demo/nccl_trace_rank_0", "nccl/wrap/nccl_trace_rank_1"])
+def test_a_collective_is_found_in_a_ranks_columns_as_in_its_entries(sample: str):
+    """Where a rank's streams part (``diagnose.streams``), each member's anchor op is found from its seq
+    column, the first run of rows of that group and seq (a coalesced group's last; the demo has three):
+    as a walk finds it."""
+    from fr2perfetto.diagnose.streams import _anchor
+
+    entries = reader.read_dump(str(ROOT / "samples" / sample)).entries
+    assert isinstance(entries, columns.EntryRows)
+    held = list(entries)
+    asked = {(e.group_name, e.collective_seq) for e in held} | {("0", -5), ("no such group", 1)}
+    found = {key: _anchor(entries, *key) for key in asked}
+    assert found == {key: _anchor(held, *key) for key in asked}
+    assert sum(row is not None for row in found.values()) >= 5

@@ -33,7 +33,7 @@ from . import __version__, api
 from .base import cleanup
 from .base.encoding import tolerate_any_encoding
 from .base.gcpause import gc_paused
-from .base.model import Finding, LoadProblem, ranks_label
+from .base.model import Finding, LoadProblem, distinct_values, ranks_label
 from .base.speedups import NOT_BUILT, OFF_BECAUSE, SPEEDUPS, TURNED_OFF
 from .base.text import shown
 from .base.words import count, ranks_text
@@ -578,7 +578,9 @@ def info(
         _keep_until_exit(job)
     if job.runs:
         _print_runs(job)
-    all_times = [e.time_created_ns for d in job.dumps.values() for e in d.entries]
+    # read from the columns, where the entries are made when asked for: no entry is made for this
+    created = {rank: distinct_values(dump.entries, "time_created_ns") for rank, dump in job.dumps.items()}
+    all_times = [min(times) for times in created.values() if times]
     day = _clock(min(all_times))[:10] if all_times else ""
     with_hosts = any(job.host_of(rank) for rank in job.ranks)
     with_endings = bool(job.endings)
@@ -609,8 +611,8 @@ def info(
             rows.append([str(rank), *host, Text("no dump", style="red"), "", "", "", "", "", "", *ended])
             continue
         say_dumpless()
-        backends = ",".join(sorted({e.backend for e in dump.entries})) or "-"
-        times = [e.time_created_ns for e in dump.entries]
+        backends = ",".join(sorted(distinct_values(dump.entries, "backend"))) or "-"
+        times = created[rank]
         first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
         rows.append([str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
                      str(len(dump.entries)), first, last, *ended])  # fmt: skip

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from ..base.model import Entry, MatchedOp
 from ..base.words import group_called
 from ..match.ops import signature
+from ..read.columns import EntryRows
 from .evidence import Evidence
 from .siblings import Siblings
 
@@ -124,6 +125,18 @@ def _fits_without(mine: list[Step], theirs: list[Step], parted: int) -> bool:
 
 def _anchor(entries: Sequence[Entry], group_name: str, seq: int) -> int | None:
     """Where a rank's collective ``seq`` of the group is in its entries (its last one, for a coalesced group)."""
+    if isinstance(entries, EntryRows):  # the rows of that seq, from its column: the few of them made
+        rows = entries.rows_with("collective_seq", seq)
+        found_rows = {
+            row for row, entry in zip(rows, entries.rows(rows), strict=True)
+            if entry.group_name == group_name and not entry.is_p2p
+        }  # fmt: skip
+        if not found_rows:
+            return None
+        first = min(found_rows)
+        while first + 1 in found_rows:
+            first += 1
+        return first
     found = None
     for i, entry in enumerate(entries):
         if entry.group_name == group_name and not entry.is_p2p and entry.collective_seq == seq:

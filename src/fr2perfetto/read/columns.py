@@ -337,7 +337,8 @@ class EntryRows(Sequence[Entry]):
         return self.rows((row,))[0]
 
     def distinct(self, field: str) -> set[Any]:
-        """The values that one of ``Entry``'s fields takes, from its column where it can (a table's ids)."""
+        """The values that one of ``Entry``'s fields takes, from its column where it can (a table's ids, an
+        integer column), else from the entries."""
         kind, data, extra = self._sources[Entry._fields.index(field)]
         if not self._count:
             return set()
@@ -350,7 +351,28 @@ class EntryRows(Sequence[Entry]):
             return set(map(extra.__getitem__, ids)) if kind == "I" else {extra[i][int(kind)] for i in ids}
         if kind == "B":
             return set(map(extra.__getitem__, set(data)))
+        if kind in ("q", "Q"):
+            values: set[int | None] = set(array("q", data))
+            if kind == "Q" and NONE in values:  # None, in this column
+                values.discard(NONE)
+                values.add(None)
+            return values
         return {getattr(entry, field) for entry in self}
+
+    def rows_with(self, field: str, value: int) -> list[int]:
+        """The rows whose integer field ``field`` (a seq, an id, a time) holds ``value``, ascending: found in
+        the column's bytes, with no entry made."""
+        kind, data, _ = self._sources[Entry._fields.index(field)]
+        if kind != "q" or not -(2**63) <= value < 2**63:  # a column with None in it, or no such value
+            return [row for row, entry in enumerate(self) if getattr(entry, field) == value]
+        needle = array("q", [value]).tobytes()
+        rows: list[int] = []
+        at = data.find(needle)
+        while at >= 0:
+            if at % 8 == 0:  # a whole value, not the end of one and the start of the next
+                rows.append(at // 8)
+            at = data.find(needle, at + 1)
+        return rows
 
     def __iter__(self) -> Iterator[Entry]:
         for start in range(0, self._count, self.CHUNK):
