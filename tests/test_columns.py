@@ -167,8 +167,10 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
         mock.patch.object(columns, "_speedups", SPEEDUPS if in_c else None),
         mock.patch.object(columns.EntryRows, "CHUNK", 3),  # iterated a few rows at a time
     ):
-        entries = reader.read_dump(path).entries
+        dump = reader.read_dump(path)
+        entries = dump.entries
         assert isinstance(entries, columns.EntryRows) and len(entries) == len(expected) > 4
+        assert dump.has_timing == ("nccl" in sample) == read_dump_reference(path).has_timing  # from columns
         assert list(entries) == expected and list(reversed(entries)) == expected[::-1]
         assert entries[0] == expected[0] and entries[-1] == expected[-1] and entries[0] is not entries[0]
         assert entries[1:4] == expected[1:4] and entries[-2:] == expected[-2:] and entries[::2] == expected[::2]

@@ -172,6 +172,9 @@ class RankDump:
     @property
     def has_timing(self) -> bool:
         """Whether any entry carries start or completion times (NCCL does, gloo never)."""
+        if hasattr(self.entries, "distinct"):  # made from columns: read them, make no entry
+            times = ("time_started_ns", "time_completed_ns")
+            return any(distinct_values(self.entries, name) - {None} for name in times)
         return any(e.time_started_ns is not None or e.time_completed_ns is not None for e in self.entries)
 
     @property
