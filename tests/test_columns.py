@@ -141,8 +141,9 @@ def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(
         assert isinstance(entries, columns.EntryRows) and job.dumps[rank].columns is None
         read = entries.kept_columns()
         assert read is not None and entries.tables is not None
-        kinds = dict(zip(columns.KEPT_COLUMNS, "IqIIIBqB", strict=True))
-        kept = columns.RankColumns(rank, {n: columns.array(kinds[n], read[n]) for n in kinds}, entries.tables)
+        kept = columns.RankColumns(
+            rank, {n: columns.array(columns.TYPES[n], read[n]) for n in columns.KEPT_COLUMNS}, entries.tables
+        )
         other = columns.JobTables({})  # every value of every table at another id: the last first
         for name, values in kept.tables.items():
             for value in reversed(values):

@@ -38,7 +38,17 @@ from ..base.model import (
     state_entry,
 )
 from ..base.speedups import SPEEDUPS as _speedups
-from ..read.columns import KEPT_COLUMNS, STATES, EntryRows, JobTables, Tables, first_uses, from_entries, gather
+from ..read.columns import (
+    KEPT_COLUMNS,
+    STATES,
+    TYPES,
+    EntryRows,
+    JobTables,
+    Tables,
+    first_uses,
+    from_entries,
+    gather,
+)
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
@@ -132,10 +142,6 @@ _INPUT_COLUMNS = ("group", "seq", "op", "sizes", "dtypes", "state", "created", "
 Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str], int] | None]
 
 
-# The type of each column the matcher reads, as ``array`` spells it.
-_KINDS = {name: kind for name, kind in zip(KEPT_COLUMNS, "IqIIIBqB", strict=True)}
-
-
 def _kept_columns(dump: RankDump) -> tuple[dict[str, bytes], Tables | None]:
     """The columns of ``dump`` the matcher reads (``KEPT_COLUMNS``), as bytes, and the tables their ids
     index: the dump's ``columns`` where it has them, else those its entries are made from; None for tables
@@ -178,7 +184,7 @@ def _take_collective_columns(
                 tables = JobTables.going_on_from(most) if most is not None else JobTables({})
                 most = tables.values
             made = (
-                RankColumns(rank, {name: array(_KINDS[name], c[name]) for name in KEPT_COLUMNS}, rank_tables)
+                RankColumns(rank, {name: array(TYPES[name], c[name]) for name in KEPT_COLUMNS}, rank_tables)
                 if rank_tables is not None
                 else from_entries(rank, dump.entries, KEPT_COLUMNS)
             )

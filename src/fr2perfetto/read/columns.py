@@ -49,11 +49,12 @@ ID_COLUMNS = {
     "input_dtypes": "dtypes", "output_dtypes": "dtypes", "frames": "stacks",
 }  # fmt: skip
 TABLES = ("groups", "ops", "threads", "sizes", "dtypes", "stacks")
-_TYPES = {
+# column -> its ``array`` type code
+TYPES = {
     **dict.fromkeys(INT_COLUMNS, "q"), "timeout": "q", "duration": "d", "state": "B", "retired": "B",
     "is_p2p": "B", "p2p_src": "i", "p2p_dst": "i", **dict.fromkeys(ID_COLUMNS, "I"),
 }  # fmt: skip
-COLUMNS = tuple(_TYPES)
+COLUMNS = tuple(TYPES)
 
 Tables = dict[str, list[Any]]
 # What the matcher reads of a rank's columns (``RankDump.columns``, ``EntryRows.kept_columns``), and the
@@ -192,8 +193,6 @@ class JobTables:
 
     def __init__(self, canonical: dict[object, object]) -> None:
         self.canonical = canonical
-        # ids, seqs and timeouts, one int object per value: each repeats on every rank
-        self.ints: dict[int, int] = {}
         self.ids: dict[str, dict[Any, int]] = {name: {} for name in TABLES}
         self.values: Tables = {name: [] for name in TABLES}
 
