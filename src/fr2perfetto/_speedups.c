@@ -1021,14 +1021,20 @@ done:
 }
 
 PyDoc_STRVAR(ops_by_rank_doc,
-             "ops_by_rank(ops, held, made) -> dict\n\n"
+             "ops_by_rank(ops, held, made, ranks) -> dict\n\n"
              "timeline._ops_by_rank_in_python: rank -> [(op, its entries)] in the order of ``ops``, and\n"
-             "(op, []) for each rank in op.missing; see there for ``held`` and ``made``.");
+             "(op, []) for each rank in op.missing, of ``ranks`` only (a set; None: every rank); see there\n"
+             "for ``held`` and ``made``.");
 
 static PyObject *str_missing;
 
-/* index[rank].append((op, entries)); 0, or -1 with an error set. Steals no reference. */
-static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject *entries) {
+/* index[rank].append((op, entries)), where ``ranks`` (a set, or None: every rank) holds the rank; 0, or -1
+ * with an error set. Steals no reference. */
+static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject *entries, PyObject *ranks) {
+    if (ranks != Py_None) {
+        int wanted = PySet_Contains(ranks, rank);
+        if (wanted <= 0) return wanted;
+    }
     PyObject *list = PyDict_GetItemWithError(index, rank);
     if (list == NULL) {
         if (PyErr_Occurred()) return -1;
@@ -1045,9 +1051,9 @@ static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject 
     return failed;
 }
 
-/* index[rank].append((op, its entries)) for each rank of an op's (ranks, rows), each rank's entries taken
- * from made[rank] at its rows; 0, or -1 with an error set. */
-static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject *made) {
+/* index[rank].append((op, its entries)) for each rank of an op's (ranks, rows) that ``wanted`` holds (a set,
+ * or None: every rank), each rank's entries taken from made[rank] at its rows; 0, or -1 with an error set. */
+static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject *made, PyObject *wanted) {
     PyObject *ranks = PyTuple_CheckExact(packed) && LENGTH(packed) == 2 ? PyTuple_GetItem(packed, 0) : NULL;
     PyObject *rows = ranks != NULL ? PyTuple_GetItem(packed, 1) : NULL;
     if (ranks == NULL || !PyBytes_CheckExact(ranks) || !PyBytes_CheckExact(rows) ||
@@ -1064,7 +1070,13 @@ static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject 
         memcpy(&rank, rank_at + 4 * k, 4);
         memcpy(&row, row_at + 4 * k, 4);
         PyObject *key = PyLong_FromLong(rank);
-        PyObject *source = key != NULL ? PyDict_GetItemWithError(made, key) : NULL; /* borrowed */
+        int skip = key != NULL && wanted != Py_None ? PySet_Contains(wanted, key) : 1;
+        if (skip <= 0) {
+            Py_XDECREF(key);
+            if (skip < 0 || key == NULL) return -1;
+            continue;
+        }
+        PyObject *source = PyDict_GetItemWithError(made, key); /* borrowed */
         PyObject *entry = source != NULL && PyList_CheckExact(source) ? PyList_GetItem(source, (Py_ssize_t)row) : NULL;
         int failed = entry == NULL;
         if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "ops_by_rank: a rank without entries");
@@ -1075,7 +1087,7 @@ static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject 
             failed = list == NULL;
             if (!failed) {
                 PyList_SetItem(list, 0, Py_NewRef(entry));
-                failed = index_append(index, key, op, list) < 0;
+                failed = index_append(index, key, op, list, Py_None) < 0;
                 Py_DECREF(list); /* the index holds it */
             }
             previous = rank;
@@ -1088,10 +1100,11 @@ static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject 
 
 static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!takes("ops_by_rank", nargs, 3)) return NULL;
-    PyObject *ops = args[0], *held = args[1], *made = args[2];
-    if (!PyList_CheckExact(ops) || !PyList_CheckExact(held) || LENGTH(held) != LENGTH(ops) || !PyDict_CheckExact(made)) {
-        PyErr_SetString(PyExc_TypeError, "ops_by_rank(ops, held, made): lists of one length, and a dict");
+    if (!takes("ops_by_rank", nargs, 4)) return NULL;
+    PyObject *ops = args[0], *held = args[1], *made = args[2], *ranks = args[3];
+    if (!PyList_CheckExact(ops) || !PyList_CheckExact(held) || LENGTH(held) != LENGTH(ops) || !PyDict_CheckExact(made) ||
+        (ranks != Py_None && !PyAnySet_Check(ranks))) {
+        PyErr_SetString(PyExc_TypeError, "ops_by_rank(ops, held, made, ranks): lists of one length, a dict, a set");
         return NULL;
     }
     PyObject *index = PyDict_New();
@@ -1104,16 +1117,16 @@ static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t
             Py_ssize_t position = 0;
             PyObject *rank, *parts;
             while (!failed && PyDict_Next(entries, &position, &rank, &parts))
-                failed = index_append(index, rank, op, parts) < 0;
+                failed = index_append(index, rank, op, parts, ranks) < 0;
         } else if (!failed) { /* (ranks, rows): int32 and uint32 bytes, a rank's rows one after the other */
-            failed = index_rows(index, op, entries, made) < 0;
+            failed = index_rows(index, op, entries, made, ranks) < 0;
         }
         if (!failed) {
             missing = PyObject_GetAttr(op, str_missing);
             failed = missing == NULL || !PyTuple_CheckExact(missing);
             for (Py_ssize_t k = 0; !failed && k < LENGTH(missing); k++) {
                 failed = (none = PyList_New(0)) == NULL ||
-                         index_append(index, PyTuple_GetItem(missing, k), op, none) < 0;
+                         index_append(index, PyTuple_GetItem(missing, k), op, none, ranks) < 0;
                 Py_CLEAR(none);
             }
         }

@@ -35,6 +35,7 @@ from .layout.timeline import (
     FINDINGS_UUID,
     drawn_counts,
     findings_tracks,
+    items_per_rank,
     ops_by_rank,
     rank_notes,
     rank_timelines,
@@ -79,8 +80,14 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     job, ops = analysis.job, analysis.ops
     span = time_span(job)
     view = view or full_view(job)
-    index = ops_by_rank(ops, {rep for rep, _ in view.processes}) if view.folded else analysis.ops_by_rank()
-    drawn = drawn_counts(index, view) if view.folded else None
+    as_json = output_format(path) == "json"
+    in_parallel = not as_json and _can_fork(jobs, len(view.processes))
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None = None  # in parallel: each worker its ranks'
+    if view.folded:
+        index = ops_by_rank(ops, {rep for rep, _ in view.processes})
+    elif not in_parallel:
+        index = analysis.ops_by_rank()
+    drawn = drawn_counts(index, view) if index is not None and view.folded else None
     diagnosis = analysis.diagnosis
     offsets = diagnosis.evidence.clocks.offsets if diagnosis.evidence is not None else {}
     with_snapshots = {rank for rank, _ in view.processes if rank in job.snapshots}
@@ -90,8 +97,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     if diagnosis.evidence is not None:  # the lateness counters measure on the clocks stragglers are judged on
         highlights.enqueued.update(diagnosis.evidence.enqueue_medians)
         highlights.group_offsets = group_offsets(diagnosis.evidence)
-    scene = _Scene(job, index, span, highlights, view)
-    as_json = output_format(path) == "json"
+    scene = _Scene(job, ops, index, span, highlights, view)
     with _destination(path) as raw, _maybe_gzip(raw, path) as out:
         writer = ChromeJsonWriter(out) if as_json else PerfettoWriter(out)
         problem_times = [op.first_time_ns for op in ops if op.status != OK]
@@ -104,7 +110,7 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
             writer.metadata(metadata_packet(focus, SEQUENCE_ID))
         _write_tracks(writer, finding_tracks)
         # isinstance, not as_json (the same test): the parallel writer is Perfetto's, as type checkers see
-        if isinstance(writer, ChromeJsonWriter) or not _can_fork(jobs, len(view.processes)):
+        if isinstance(writer, ChromeJsonWriter) or not in_parallel:
             _write_ranks(writer, scene, view.processes)
         else:
             folder = tempfile.gettempdir() if path == STDOUT else os.path.dirname(os.path.abspath(path))
@@ -187,7 +193,8 @@ class _Scene:
     """Everything the ranks' timelines are made from."""
 
     job: Job
-    index: dict[int, list[tuple[MatchedOp, list[Entry]]]]
+    ops: list[MatchedOp]
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None  # None: made by whoever writes the ranks
     span: TimeSpan
     highlights: Highlights
     view: View
@@ -201,15 +208,35 @@ def _write_tracks(writer: PerfettoWriter | ChromeJsonWriter, tracks: list[Track]
 
 
 def _write_ranks(
-    writer: PerfettoWriter | ChromeJsonWriter, scene: _Scene, processes: list[tuple[int, tuple[int, ...]]]
+    writer: PerfettoWriter | ChromeJsonWriter,
+    scene: _Scene,
+    processes: list[tuple[int, tuple[int, ...]]],
+    kept: list[object] | None = None,
 ) -> None:
+    """Write the timelines of ``processes``; with ``kept``, what is made for them goes there, rather than
+    being freed (see ``KEPT_ITEMS``), up to a bound."""
     view = replace(scene.view, processes=processes)
-    for timeline in rank_timelines(scene.job, scene.index, scene.span, scene.highlights, view):
+    index = scene.index if scene.index is not None else ops_by_rank(scene.ops, {rank for rank, _ in processes})
+    room = KEPT_ITEMS if kept is not None else 0
+    if scene.index is None:  # made here: kept whole, or freed at the end
+        room -= sum(map(len, index.values()))
+        if room >= 0 and kept is not None:
+            kept.append(index)
+    for timeline in rank_timelines(scene.job, index, scene.span, scene.highlights, view):
         _write_tracks(writer, timeline.tracks)
+        room -= len(index.get(timeline.rank, ()))
+        if room >= 0 and kept is not None:
+            kept.append(timeline)
 
 
 # Parallel writing: below this many processes per worker, forking costs more than it saves.
 MIN_PROCESSES_PER_WORKER = 8
+# A forked writer ends with os._exit, which hands its memory back whole, while freeing each rank's entries
+# and slices object by object once written takes about a fifth of its time. So it keeps them until it
+# ends, up to this many of its ranks' ops (an item of the index each: about 700 bytes with its entry and
+# its two slices), and frees what it makes beyond them as it goes.
+KEPT_ITEMS = 1 << 18
+_kept_until_exit: list[object] = []  # in a forked writer
 _forked_scene: _Scene | None = None  # what forked workers inherit
 _forked_output: int | None = None  # the output's file descriptor, where the first worker writes
 
@@ -230,7 +257,7 @@ def _write_part(task: tuple[list[tuple[int, tuple[int, ...]]], int, str | None])
         target = open(part_path, "wb")  # noqa: SIM115 (closed below)
     with gc_paused(), target:
         writer = PerfettoWriter(target, sequence_id=sequence_id)
-        _write_ranks(writer, _forked_scene, processes)
+        _write_ranks(writer, _forked_scene, processes, _kept_until_exit)
     return writer.stats
 
 
@@ -243,7 +270,9 @@ def _write_ranks_in_parallel(writer: PerfettoWriter, out: IO[bytes], scene: _Sce
     global _forked_scene, _forked_output
     processes = scene.view.processes
     count = min(jobs, len(processes) // MIN_PROCESSES_PER_WORKER)
-    bounds = even_bounds([len(scene.index.get(rank, ())) + 1 for rank, _ in processes], count)
+    index = scene.index
+    items = items_per_rank(scene.ops) if index is None else {rank: len(ops) for rank, ops in index.items()}
+    bounds = even_bounds([items.get(rank, 0) + 1 for rank, _ in processes], count)
     direct = isinstance(out, io.BufferedWriter)  # not a compressing stream: the first part needs no copy
     if direct:
         out.flush()  # what this process wrote comes first; it writes nothing more until that part is done

@@ -344,6 +344,11 @@ class EntriesByRank(Mapping[int, list[Entry]]):
         """The entries of ``rank`` that the rows index."""
         return self._entries[rank]
 
+    @property
+    def sources(self) -> Mapping[int, Sequence[Entry]]:
+        """Every rank's entries that rows index (the job's: shared by every op)."""
+        return self._entries
+
     def items(self) -> list[tuple[int, list[Entry]]]:  # type: ignore[override]
         """(rank, its entries) in the order of the ranks, as a list (every op's are read by the layout)."""
         if self._several:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence, Set
 
-from ..base.model import EntriesByRank, Entry, Finding, Group, MatchedOp, entries_of_ops, ranks_label, time_range
+from ..base.model import EntriesByRank, Entry, Finding, Group, MatchedOp, ranks_label, time_range
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
 from ..base.words import UNNAMED, group_called, lateness_track
@@ -50,33 +51,34 @@ def rank_uuid(rank: int) -> int:
     return (rank + 1) << 32
 
 
-def ops_by_rank(ops: list[MatchedOp], ranks: set[int] | None = None) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
+def ops_by_rank(ops: list[MatchedOp], ranks: Set[int] | None = None) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
     """Index ops by the ranks that hold entries for them (or should have: missing ranks), of ``ranks`` only
-    if given. Where ops hold rows of entries made when asked for, each rank's are made at once: with every
-    rank, all of them (the layout reads every one), else those of ``ranks`` (``entries_of_ops``)."""
-    if ranks is not None:
-        return _ops_by_rank_in_python(ops, entries_of_ops(ops, ranks), {}, ranks)
+    if given. Where ops hold rows of entries made when asked for, each rank's entries are made at once, all
+    of them (the layout reads nearly every one)."""
     held: list[Mapping[int, list[Entry]] | tuple[bytes, bytes]] = []
-    made: dict[int, list[Entry]] = {}
+    sources: dict[int, Mapping[int, Sequence[Entry]]] = {}  # id -> every rank's entries, as ops hold them
     for op in ops:
         entries = op.entries
         if isinstance(entries, EntriesByRank):
             held.append(entries.packed())
-            for rank in entries:
-                if rank not in made:
-                    made[rank] = list(entries.entries_source(rank))
+            sources.setdefault(id(entries.sources), entries.sources)
         else:
             held.append(entries)
+    made: dict[int, list[Entry]] = {}
+    for source in sources.values():
+        for rank in source if ranks is None else ranks & source.keys():
+            if rank not in made:
+                made[rank] = list(source[rank])
     if _speedups is not None:
-        return _speedups.ops_by_rank(ops, held, made)  # type: ignore[no-any-return]
-    return _ops_by_rank_in_python(ops, held, made)
+        return _speedups.ops_by_rank(ops, held, made, ranks)  # type: ignore[no-any-return]
+    return _ops_by_rank_in_python(ops, held, made, ranks)
 
 
 def _ops_by_rank_in_python(
     ops: list[MatchedOp],
     held: Sequence[Mapping[int, list[Entry]] | tuple[bytes, bytes]],
     made: dict[int, list[Entry]],
-    ranks: set[int] | None = None,
+    ranks: Set[int] | None = None,
 ) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
     """``ops_by_rank``, from each op's entries as ``held`` gives them: a mapping of rank -> its entries, or
     (ranks, rows) as ``EntriesByRank.packed`` gives them, the entries at those rows of ``made[rank]``."""
@@ -85,21 +87,25 @@ def _ops_by_rank_in_python(
         if isinstance(entries_by_rank, tuple):
             parts: dict[int, list[Entry]] = {}
             for rank, row in zip(array("i", entries_by_rank[0]), array("I", entries_by_rank[1]), strict=True):
-                parts.setdefault(rank, []).append(made[rank][row])
-            entries_by_rank = parts
-        if ranks is not None and len(ranks) < len(entries_by_rank):
-            for rank in ranks:
-                entries = entries_by_rank.get(rank)
-                if entries is not None:
-                    index.setdefault(rank, []).append((op, entries))
-        else:
-            for rank, entries in entries_by_rank.items():
                 if ranks is None or rank in ranks:
-                    index.setdefault(rank, []).append((op, entries))
+                    parts.setdefault(rank, []).append(made[rank][row])
+            entries_by_rank = parts
+        for rank, entries in entries_by_rank.items():
+            if ranks is None or rank in ranks:
+                index.setdefault(rank, []).append((op, entries))
         for rank in op.missing:
             if ranks is None or rank in ranks:
                 index.setdefault(rank, []).append((op, []))
     return index
+
+
+def items_per_rank(ops: list[MatchedOp]) -> Counter[int]:
+    """How many items ``ops_by_rank`` of ``ops`` holds for each rank, without making any."""
+    counts: Counter[int] = Counter()
+    for op in ops:
+        counts.update(iter(op.entries))  # its ranks (a mapping would add its values)
+        counts.update(op.missing)
+    return counts
 
 
 def drawn_counts(ops_index: dict[int, list[tuple[MatchedOp, list[Entry]]]], view: View) -> dict[int, tuple[int, int]]:
