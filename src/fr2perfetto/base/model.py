@@ -286,14 +286,15 @@ class EntriesByRank(Mapping[int, list[Entry]]):
     Iterating yields the ranks, each once, in ascending order, as a dict of them would.
     """
 
-    __slots__ = ("_entries", "_ranks", "_rows", "_several")
+    __slots__ = ("_count", "_entries", "_ranks", "_rows", "_several")
 
     def __init__(self, entries: Mapping[int, Sequence[Entry]], ranks: array[int], rows: array[int]) -> None:
         self._entries = entries
         self._ranks = ranks
         self._rows = rows
         # some rank holds several rows (a coalesced group): then a rank is found by its first and last row
-        self._several = len(set(ranks)) < len(ranks) if len(ranks) > 1 else False
+        self._count = len(set(ranks)) if len(ranks) > 1 else len(ranks)  # of ranks, each once
+        self._several = self._count < len(ranks)
 
     def __getitem__(self, rank: int) -> list[Entry]:
         at = bisect_left(self._ranks, rank)
@@ -314,7 +315,7 @@ class EntriesByRank(Mapping[int, list[Entry]]):
         return iter(dict.fromkeys(self._ranks) if self._several else self._ranks)
 
     def __len__(self) -> int:
-        return len(set(self._ranks)) if self._several else len(self._ranks)
+        return self._count
 
     def covers(self, ranks: Sequence[int]) -> bool:
         """Whether every one of ``ranks`` (ascending, each once, as a group's members) holds a part."""

@@ -86,17 +86,23 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
     (collectives, and single sends with their recvs: the two ends of a transfer complete together);
     and per rank, every time its watchdog noticed a start or a completion of those ops."""
     chosen: dict[Group, list[MatchedOp]] = {}
-    sizes: dict[Group, int] = {}
+    sizes: dict[Group, int] = {}  # the groups with an op to use, and their sizes
     for op in ops:
-        if _usable(op):
+        if op.group not in sizes and _usable(op):
             sizes[op.group] = len(op.group.members)
     wanted = max(MIN_OPS, min(MAX_OPS, SAMPLE_BUDGET // max(1, sum(sizes.values()))))
+    full = 0  # groups with as many ops as wanted: once all are, older ops are not looked at
     for op in reversed(ops):
-        if op.group not in sizes or not _usable(op):
+        picked = chosen.get(op.group)
+        if (picked is not None and len(picked) == wanted) or op.group not in sizes or not _usable(op):
             continue
-        picked = chosen.setdefault(op.group, [])
-        if len(picked) < wanted and all(state == COMPLETED for state in op.states):
+        if picked is None:
+            picked = chosen[op.group] = []
+        if all(state == COMPLETED for state in op.states):
             picked.append(op)
+            full += len(picked) == wanted
+            if full == len(sizes):
+                break
     per_group = {}
     noticed: dict[int, list[int]] = {}
     # every chosen op's entries, made at once: thousands of ops, each of every member
@@ -104,14 +110,17 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
     for group, picked in chosen.items():
         samples = []
         for _, entries_by_rank in zip(picked, held, strict=False):  # held goes on with the next group
-            last = {rank: state_entry(entries) for rank, entries in entries_by_rank.items()}
-            times = [(rank, entry.time_completed_ns) for rank, entry in last.items()]
+            last = [(rank, state_entry(entries)) for rank, entries in entries_by_rank.items()]
+            times = [(rank, entry.time_completed_ns) for rank, entry in last]
             if all(time for _, time in times):
                 samples.append(times)
-                for rank, entry in last.items():
-                    noticed.setdefault(rank, []).extend(
-                        t for t in (entry.time_started_ns, entry.time_completed_ns) if t is not None
-                    )
+                for rank, entry in last:
+                    seen = noticed.get(rank)
+                    if seen is None:
+                        seen = noticed[rank] = []
+                    if entry.time_started_ns is not None:
+                        seen.append(entry.time_started_ns)
+                    seen.append(entry.time_completed_ns)  # type: ignore[arg-type]  # each checked above
         if len(samples) >= 3:
             per_group[group] = samples
     return per_group, noticed  # type: ignore[return-value]
