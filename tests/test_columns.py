@@ -205,3 +205,21 @@ def test_a_collective_is_found_in_a_ranks_columns_as_in_its_entries(sample: str)
     found = {key: _anchor(entries, *key) for key in asked}
     assert found == {key: _anchor(held, *key) for key in asked}
     assert sum(row is not None for row in found.values()) >= 5
+
+
+def test_a_send_and_its_recv_are_held_as_rows_and_are_the_entries_paired():
+    """Sends and recvs matched to their other ends are held by their rows, as collectives are (the entries
+    made to pair them are let go); each rank's part is that rank's own send or recv, and the peers it names
+    are the op's."""
+    from fr2perfetto.base.model import EntriesByRank
+    from fr2perfetto.match.ops import match_ops
+    from fr2perfetto.read.job import load_job
+
+    job = load_job([str(ROOT / "samples" / "nccl" / "pipeline_1f1b")], jobs=1)
+    p2p = [op for op in match_ops(job) if op.kind == "p2p"]
+    assert len(p2p) >= 100 and all(isinstance(op.entries, EntriesByRank) for op in p2p)
+    for op in p2p:
+        assert set(op.entries) | set(op.missing) | set(op.unknown) == set(op.peers)
+        for rank, entries in op.entries.items():
+            assert [(e.rank, e.is_p2p) for e in entries] == [(rank, True)] * len(entries)
+            assert entries[0].op in (("send", "isend") if rank == op.peers[0] else ("recv", "irecv"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
+from itertools import pairwise, repeat
 from typing import Any
 
 from ..base.model import (
@@ -83,9 +83,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
         (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
     }
     p2p_by_rank: dict[int, list[Entry]] = {}
+    p2p_row_of: dict[int, tuple[int, int]] = {}  # id of a send or recv made for pairing -> (its rank, its row)
     for (rank, dump), rows in zip(job.dumps.items(), p2p_rows, strict=True):
         if rows:
             p2p_by_rank[rank] = p2p_entries = entries_at(dump.entries, array("I", rows))
+            p2p_row_of.update(zip(map(id, p2p_entries), zip(repeat(rank), array("I", rows)), strict=False))
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
                 _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
 
@@ -111,9 +113,10 @@ def match_ops(job: Job) -> list[MatchedOp]:
         ops.append(op)
         scans[id(op)] = (alike, pending, known)
     for pair in pair_ops(job, p2p_by_rank):
-        first_time, alike, pending, created, states = _scan(pair.entries)
+        held = _held_as_rows(pair.entries, p2p_row_of, entries_of)
+        first_time, alike, pending, created, states = _scan(held)
         op = MatchedOp(
-            group=pair.group, kind="p2p", seq=pair.index, entries=pair.entries, missing=pair.missing,
+            group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=held,
             unknown=pair.unknown, peers=(pair.source, pair.destination), first_time_ns=first_time,
             created_ns=created, states=states,
         )  # fmt: skip
@@ -129,6 +132,25 @@ def match_ops(job: Job) -> list[MatchedOp]:
             op.name = head_entry(op.entries[next(iter(op.entries))]).op if alike else majority_op(op.entries)
         classify(op, alike, pending)
     return ops
+
+
+def _held_as_rows(
+    entries_by_rank: dict[int, list[Entry]],
+    row_of: dict[int, tuple[int, int]],
+    entries_of: Mapping[int, Sequence[Entry]],
+) -> Mapping[int, list[Entry]]:
+    """A send's or recv's entries held as rows, as a collective's are, so that the entries made to pair
+    them go once paired; as they are where one is filed under a rank other than its own (a dump whose
+    peers say so)."""
+    ranks, rows = array("i"), array("I")
+    for rank in sorted(entries_by_rank):
+        for entry in entries_by_rank[rank]:
+            owner, row = row_of[id(entry)]
+            if owner != rank:
+                return entries_by_rank
+            ranks.append(rank)
+            rows.append(row)
+    return EntriesByRank(entries_of, ranks, rows)
 
 
 # What ``_match_collectives_in_python`` reads of a rank: (rank, its number of rows, and columns as bytes:
