@@ -38,7 +38,11 @@ def _content(path: Path):
     return trace, slices, instants
 
 
-def test_parallel_conversion_matches_a_single_process(tmp_path: Path):
+@pytest.mark.parametrize("kept", [convert_module.KEPT_ITEMS, 40])
+def test_parallel_conversion_matches_a_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: int):
+    """Whether a writing process keeps what it made until it ends (as much as fits ``KEPT_ITEMS``) or frees
+    it rank by rank beyond that, it writes what one process writes."""
+    monkeypatch.setattr(convert_module, "KEPT_ITEMS", kept)
     folder = tmp_path / "dumps"
     _big_job(folder)
     code, _, stderr = run_cli("convert", str(folder), "-o", str(tmp_path / "one.pftrace"), "-j", "1", "-q")
