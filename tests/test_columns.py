@@ -116,6 +116,11 @@ def test_the_array_operations_are_the_same_in_c_and_python():
     assert SPEEDUPS.first_uses(b"") == columns.first_uses_in_python(b"") == []
     with pytest.raises(ValueError, match="past the table"):
         SPEEDUPS.gather(bytes(columns.array("I", [9])), table, 4)
+    # a rank's ids remapped to the job's tables as it is merged in: in C, and as a map without it
+    remapped = columns._remapped(columns.array("I", ids), [5, 7, 9, 4])
+    with mock.patch.object(columns, "_speedups", None):
+        assert columns._remapped(columns.array("I", ids), [5, 7, 9, 4]) == remapped
+    assert remapped.tolist() == [4, 7, 4, 5, 9, 7]
 
 
 def _matched(job: object) -> list[tuple[object, ...]]:

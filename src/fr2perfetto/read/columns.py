@@ -187,6 +187,14 @@ def _renumbered(raw: bytes, value_of: Callable[[int], Hashable], table: dict[Any
     return _from_bytes("I", gather(raw, remap.tobytes(), 4))
 
 
+def _remapped(ids: array[int], remap: list[int]) -> array[int]:
+    """Each of ``ids`` replaced by ``remap[id]`` (an error for an id past it): in C where it is built (a job
+    of thousands of ranks remaps each rank's group ids), else as a map."""
+    if _speedups is None:
+        return array("I", map(remap.__getitem__, ids))
+    return _from_bytes("I", gather(ids.tobytes(), array("I", remap).tobytes(), 4))
+
+
 class JobTables:
     """The job's tables, each value once: a rank's are merged in and its id columns remapped to them.
     ``canonical`` (value -> itself) makes equal strings and tuples one object across ranks."""
@@ -227,7 +235,7 @@ class JobTables:
         for name, table in ID_COLUMNS.items():
             remap = remaps[table]
             if name in columns and remap != list(range(len(remap))):
-                columns[name] = array("I", map(remap.__getitem__, columns[name]))
+                columns[name] = _remapped(columns[name], remap)
         return RankColumns(rank.rank, columns, self.values)
 
     def fill(self, dump: RankDump, rank: RankColumns) -> None:
@@ -240,6 +248,7 @@ class JobTables:
 
 
 _BOOLS = (False, True)
+_NONE_I32 = array("i", [NONE]).tobytes()
 
 # Where one field of the entries comes from, for ``make_entries``: a kind, its data and one more thing.
 #   ("v", values, None)       the values, one per entry
@@ -415,7 +424,9 @@ def entry_sources(
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
     canonical = {} if canonical is None else canonical
     peers: Source = ("c", None, None)  # no send or recv: no peers
-    if max(rank.columns["p2p_src"], default=NONE) != NONE:
+    sources_of_peers = rank.columns["p2p_src"]
+    # every one NONE (the common case, compared as bytes), else as max() says
+    if c["p2p_src"] != _NONE_I32 * len(sources_of_peers) and max(sources_of_peers, default=NONE) != NONE:
         pairs = [
             None if src == NONE else canonical.setdefault((src, dst), (src, dst))
             for src, dst in zip(rank.columns["p2p_src"], rank.columns["p2p_dst"], strict=True)
