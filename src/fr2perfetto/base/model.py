@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, getitem, itemgetter
 from typing import Any, NamedTuple
@@ -323,19 +323,9 @@ class EntriesByRank(Mapping[int, list[Entry]]):
             return self._ranks.tolist() == list(ranks)  # both ascending: equal lists, equal sets
         return all(map(self.__contains__, ranks))
 
-    def rows(self, ranks: Collection[int] | None = None) -> Iterator[tuple[int, int]]:
-        """(rank, row) of each part's entries (of ``ranks`` only, if given), in order: where each is in
-        ``entries_source(rank)``."""
-        if ranks is None or len(ranks) >= len(self._ranks):
-            pairs = zip(self._ranks, self._rows, strict=True)
-            return pairs if ranks is None else ((rank, row) for rank, row in pairs if rank in ranks)
-        found = []  # a few ranks of many: each found by bisection
-        for rank in sorted(ranks):
-            at = bisect_left(self._ranks, rank)
-            while at < len(self._ranks) and self._ranks[at] == rank:
-                found.append((rank, self._rows[at]))
-                at += 1
-        return iter(found)
+    def rows(self) -> Iterator[tuple[int, int]]:
+        """(rank, row) of each part's entries, in order: where each is in ``entries_source(rank)``."""
+        return zip(self._ranks, self._rows, strict=True)
 
     def packed(self) -> tuple[bytes, bytes]:
         """The ranks and the rows, as int32 and uint32 bytes (what C reads)."""
@@ -416,15 +406,15 @@ def distinct_values(entries: Sequence[Entry], field: str) -> set[Any]:
     return set(map(attrgetter(field), entries))
 
 
-def entries_of_ops(ops: Sequence[MatchedOp], ranks: Collection[int] | None = None) -> list[Mapping[int, list[Entry]]]:
-    """Each op's ``entries`` (only those of ``ranks``, if given), as a dict: where ops hold rows of entries
-    made when asked for, each rank's are made in one call for all of ``ops``, not one call per op and rank.
-    Ops that hold their entries otherwise give them as they are, ``ranks`` or not."""
+def entries_of_ops(ops: Sequence[MatchedOp]) -> list[Mapping[int, list[Entry]]]:
+    """Each op's ``entries``, as a dict: where ops hold rows of entries made when asked for, each rank's are
+    made in one call for all of ``ops``, not one call per op and rank. Ops that hold their entries otherwise
+    give them as they are."""
     wanted: dict[int, list[int]] = {}  # rank -> its rows, op after op
     sources: dict[int, Sequence[Entry]] = {}
     for op in ops:
         if isinstance(op.entries, EntriesByRank):
-            for rank, row in op.entries.rows(ranks):
+            for rank, row in op.entries.rows():
                 if rank not in wanted:
                     wanted[rank] = []
                     sources[rank] = op.entries.entries_source(rank)
@@ -436,7 +426,7 @@ def entries_of_ops(ops: Sequence[MatchedOp], ranks: Collection[int] | None = Non
             held.append(op.entries)
             continue
         parts: dict[int, list[Entry]] = {}
-        for rank, _ in op.entries.rows(ranks):
+        for rank, _ in op.entries.rows():
             parts.setdefault(rank, []).append(next(made[rank]))
         held.append(parts)
     return held
