@@ -19,7 +19,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 import fr2perfetto
 from fr2perfetto.base.model import EntriesByRank, Entry, Group, MatchedOp
 from fr2perfetto.base.speedups import SPEEDUPS
-from fr2perfetto.layout import streams, timeline
+from fr2perfetto.layout import rows, streams, timeline
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.match import ops as match
 from fr2perfetto.read import columns, reader
@@ -37,12 +37,12 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    for module in (reader, match, streams, timeline, perfetto_writer):
+    for module in (reader, match, rows, streams, timeline, perfetto_writer):
         assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
 def _without_speedups(patch: pytest.MonkeyPatch) -> None:
-    for module in (reader, match, streams, timeline, perfetto_writer):
+    for module in (reader, match, rows, streams, timeline, perfetto_writer):
         patch.setattr(module, "_speedups", None)
 
 

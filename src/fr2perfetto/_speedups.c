@@ -15,6 +15,10 @@
  * - by_group() is streams._by_group, the partition of a rank's ops by group;
  * - lay_out_collectives() lays out a rank's completed collectives as streams._group does, for those
  *   whose looks are made; every other op goes back to streams.
+ * - rank_items(), rank_groups(), lay_out_rows() and encode_rows() lay out and write a rank's ops from its
+ *   columns (layout.rows): its items as (op, row) pairs, partitioned by group, the common op laid out
+ *   and written as a record, never as an object. Their twin is the object path as a whole (ops_by_rank,
+ *   by_group, lay_out_collectives, encode_slices and Python's): the trace is the same, byte for byte.
  * - scan_pickle() is pickle_shape.scan: how deep and how large what a pickle describes would be,
  *   measured on a model of the unpickler's stack before anything is unpickled.
  * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
@@ -1362,6 +1366,80 @@ static int put_flows(Buffer *event, Context *context, PyObject *flows) {
     return 1;
 }
 
+/* A look's encoded bytes (new reference), encoded by ``encode_look`` (the writer's _look) where this writer
+ * has not encoded it yet: the names that interns wait in ``new_interned`` for the next packet. NULL with an
+ * error set. */
+static PyObject *encoded_look(Context *context, PyObject *look) {
+    PyObject *encoded = PyObject_GetAttr(look, str_encoded);
+    if (encoded == NULL) return NULL;
+    if (PyTuple_CheckExact(encoded) && LENGTH(encoded) == 2 && PyTuple_GetItem(encoded, 0) == context->token) {
+        PyObject *chunk = Py_NewRef(PyTuple_GetItem(encoded, 1));
+        Py_DECREF(encoded);
+        return chunk;
+    }
+    Py_DECREF(encoded);
+    if ((encoded = PyObject_CallFunctionObjArgs(context->encode_look, look, NULL)) == NULL) return NULL;
+    if (!PyBytes_CheckExact(encoded)) {
+        Py_DECREF(encoded);
+        PyErr_SetString(PyExc_TypeError, "encode_slices: a look must encode to bytes");
+        return NULL;
+    }
+    return encoded;
+}
+
+/* The packets of an event made in ``event`` (its type and track, look, facts and flows) into ``out``: the
+ * begin (or instant) packet at ``start``, with the names interned since the last packet, and for a slice
+ * the end packet at ``end``. 1: done; 0: an interned part is not bytes (nothing written); -1: error. */
+static int put_framed(Buffer *out, const Buffer *event, Context *context, unsigned long long start,
+                      unsigned long long end, int instant) {
+    Py_ssize_t interned_len = 0, pending = LENGTH(context->new_interned);
+    for (Py_ssize_t i = 0; i < pending; i++) {
+        PyObject *part = PyList_GetItem(context->new_interned, i);
+        if (!PyBytes_CheckExact(part)) return 0;
+        interned_len += PyBytes_Size(part);
+    }
+    Py_ssize_t interned_size = pending ? context->interned_tag.size +
+                                             varint_size((unsigned long long)interned_len) + interned_len : 0;
+    /* Begin (or instant): Trace.packet { packet head, timestamp, [interned], track_event { event } } */
+    Py_ssize_t packet_size = context->packet_head.size + varint_size(start) + interned_size +
+                             context->event_tag.size + varint_size((unsigned long long)event->len) +
+                             event->len;
+    if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
+        buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
+        buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, start) < 0)
+        return -1;
+    if (pending) {
+        if (buffer_put_chunk(out, &context->interned_tag) < 0 ||
+            buffer_put_varint(out, (unsigned long long)interned_len) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < pending; i++)
+            if (buffer_put_bytes(out, PyList_GetItem(context->new_interned, i)) < 0) return -1;
+        if (PyList_SetSlice(context->new_interned, 0, pending, NULL) < 0) return -1;
+    }
+    if (buffer_put_chunk(out, &context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
+        buffer_put(out, event->data, event->len) < 0)
+        return -1;
+    if (!instant) {
+        /* End: Trace.packet { packet head, timestamp, end event } */
+        packet_size = context->packet_head.size + varint_size(end) + context->end_event.size;
+        if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
+            buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
+            buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
+            buffer_put_chunk(out, &context->end_event) < 0)
+            return -1;
+    }
+    return 1;
+}
+
+/* Whether a look's slices show the times of a timed backend (SliceLook.timed); -1 with an error set. */
+static int look_is_timed(PyObject *look) {
+    PyObject *timed_value = PyObject_GetAttr(look, str_timed);
+    if (timed_value == NULL) return -1;
+    int timed = PyObject_IsTrue(timed_value);
+    Py_DECREF(timed_value);
+    return timed;
+}
+
 /* One slice's two packets into ``out``, or an instant's one (where it stands for no entry). A look not
  * encoded yet is encoded by ``encode_look`` (the writer's _look), and the names it interned go into this
  * packet. 1: a slice; 2: an instant; 0: not on the fast path (nothing written); -1: error. */
@@ -1376,32 +1454,15 @@ static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *ite
     event->len = 0;
     if ((!instant && as_u64(end_value, &end) < 0) || as_u64(start_value, &start) < 0) return 0;
     if (instant && (head != Py_None || last != Py_None)) return 0; /* an instant with facts: Python's */
-    PyObject *encoded = PyObject_GetAttr(look, str_encoded);
-    if (encoded == NULL) return -1;
-    if (!PyTuple_CheckExact(encoded) || LENGTH(encoded) != 2 || PyTuple_GetItem(encoded, 0) != context->token) {
-        Py_DECREF(encoded);
-        if ((encoded = PyObject_CallFunctionObjArgs(context->encode_look, look, NULL)) == NULL) return -1;
-        if (!PyBytes_CheckExact(encoded)) {
-            Py_DECREF(encoded);
-            PyErr_SetString(PyExc_TypeError, "encode_slices: a look must encode to bytes");
-            return -1;
-        }
-        PyObject *pair = PyTuple_Pack(2, context->token, encoded);
-        Py_DECREF(encoded);
-        if (pair == NULL) return -1;
-        encoded = pair;
-    }
-    PyObject *chunk = PyTuple_GetItem(encoded, 1);
+    PyObject *chunk = encoded_look(context, look);
+    if (chunk == NULL) return -1;
     int result = 0;
     if (!PyBytes_CheckExact(chunk)) goto done;
     if (buffer_put_chunk(event, instant ? &context->instant : &context->begin) < 0 ||
         buffer_put_bytes(event, chunk) < 0)
         goto error;
     if (head != Py_None && last != Py_None) {
-        PyObject *timed_value = PyObject_GetAttr(look, str_timed);
-        if (timed_value == NULL) goto error;
-        int timed = PyObject_IsTrue(timed_value);
-        Py_DECREF(timed_value);
+        int timed = look_is_timed(look);
         if (timed < 0) goto error;
         int facts = put_facts(event, context, head, last, timed);
         if (facts < 0) goto error;
@@ -1410,50 +1471,16 @@ static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *ite
     int flowed = put_flows(event, context, flows);
     if (flowed < 0) goto error;
     if (flowed == 0) goto done;
-    /* the names the look's encoding interned, as InternedData in this packet (then cleared) */
-    Py_ssize_t interned_len = 0, pending = LENGTH(context->new_interned);
-    for (Py_ssize_t i = 0; i < pending; i++) {
-        PyObject *part = PyList_GetItem(context->new_interned, i);
-        if (!PyBytes_CheckExact(part)) goto done;
-        interned_len += PyBytes_Size(part);
-    }
-    Py_ssize_t interned_size = pending ? context->interned_tag.size +
-                                             varint_size((unsigned long long)interned_len) + interned_len : 0;
-    /* Begin (or instant): Trace.packet { packet head, timestamp, [interned], track_event { event } } */
-    Py_ssize_t packet_size = context->packet_head.size + varint_size(start) + interned_size +
-                             context->event_tag.size + varint_size((unsigned long long)event->len) +
-                             event->len;
-    if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
-        buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-        buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, start) < 0)
-        goto error;
-    if (pending) {
-        if (buffer_put_chunk(out, &context->interned_tag) < 0 ||
-            buffer_put_varint(out, (unsigned long long)interned_len) < 0)
-            goto error;
-        for (Py_ssize_t i = 0; i < pending; i++)
-            if (buffer_put_bytes(out, PyList_GetItem(context->new_interned, i)) < 0) goto error;
-        if (PyList_SetSlice(context->new_interned, 0, pending, NULL) < 0) goto error;
-    }
-    if (buffer_put_chunk(out, &context->event_tag) < 0 || buffer_put_varint(out, (unsigned long long)event->len) < 0 ||
-        buffer_put(out, event->data, event->len) < 0)
-        goto error;
-    if (!instant) {
-        /* End: Trace.packet { packet head, timestamp, end event } */
-        packet_size = context->packet_head.size + varint_size(end) + context->end_event.size;
-        if (buffer_put_chunk(out, &context->packet_tag) < 0 ||
-            buffer_put_varint(out, (unsigned long long)packet_size) < 0 ||
-            buffer_put_chunk(out, &context->packet_head) < 0 || buffer_put_varint(out, end) < 0 ||
-            buffer_put_chunk(out, &context->end_event) < 0)
-            goto error;
-    }
+    int framed = put_framed(out, event, context, start, end, instant);
+    if (framed < 0) goto error;
+    if (framed == 0) goto done;
     if (head != Py_None) context->launches += LENGTH(flows);
     result = instant ? 2 : 1;
     goto done;
 error:
     result = -1;
 done:
-    Py_DECREF(encoded);
+    Py_DECREF(chunk);
     return result;
 }
 
@@ -1506,6 +1533,696 @@ static PyObject *encode_slices(PyObject *module, PyObject *const *args, Py_ssize
     result = Py_BuildValue("(y#nnn)", out.data ? out.data : "", out.len, slices, markers, context.launches);
 finish:
     Py_DECREF(iterator);
+    PyMem_Free(out.data);
+    PyMem_Free(event.data);
+    return result;
+}
+
+
+/* ---- laying out and writing from rows ------------------------------------------------------------ */
+
+/* A rank's part in an op, as rows.RankItems holds it: the op's index in the job's ops and the row of the
+ * rank's one entry in it, or ITEM_MISSING (the rank never issued the op), or ITEM_HELD (the op gives its
+ * entries: several, or held as a dict). */
+#define ITEM_MISSING (-1)
+#define ITEM_HELD (-2)
+typedef struct {
+    int32_t op, row;
+} Item;
+
+/* A slice as rows.SliceRows holds it (rows.RECORD): start, end (NO_END: an instant), its own flow, the
+ * number of its look (NO_LOOK: the slice is the container's extra number ``row``), the row of the rank's
+ * entry it stands for (-1: none). */
+#define NO_END INT64_MIN
+#define NO_LOOK (-1)
+typedef struct {
+    int64_t start, end;
+    uint64_t flow;
+    int32_t look, row;
+} Record;
+
+/* Where rank is in ``ranks`` (ascending), or -1. */
+static Py_ssize_t rank_slot(const long long *ranks, Py_ssize_t count, long long rank) {
+    Py_ssize_t low = 0, high = count;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (ranks[middle] < rank)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < count && ranks[low] == rank ? low : -1;
+}
+
+static int put_item(Buffer *buffer, Py_ssize_t op, int32_t row) {
+    Item item = {(int32_t)op, row};
+    return buffer_put(buffer, (const char *)&item, (Py_ssize_t)sizeof item);
+}
+
+/* A rank of an op, given as a Python int, into its ``wanted`` buffer; 0, or -1 with an error set. */
+static int put_rank_item(PyObject *rank, const long long *ranks, Buffer *buffers, Py_ssize_t count, Py_ssize_t op,
+                         int32_t row) {
+    int overflow = 0;
+    long long value = PyLong_Check(rank) ? PyLong_AsLongLongAndOverflow(rank, &overflow) : 0;
+    if (!PyLong_Check(rank) || (value == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "rank_items: a rank that is not an int");
+        return -1;
+    }
+    Py_ssize_t slot = overflow ? -1 : rank_slot(ranks, count, value);
+    return slot < 0 ? 0 : put_item(&buffers[slot], op, row);
+}
+
+PyDoc_STRVAR(rank_items_doc,
+             "rank_items(ops, held, ranks) -> dict\n\n"
+             "rows.rank_items: for each of ``ranks`` (ascending ints) with a part in any of ``ops``, its items\n"
+             "in the order of ``ops``, as bytes of (op index, row) int32 pairs (``rows.ITEM``). ``held`` gives\n"
+             "each op's entries: (ranks, rows) as EntriesByRank.packed gives them (a rank with one row: that\n"
+             "row; with several: HELD_ROW), or a mapping whose keys are its ranks (HELD_ROW); the op's\n"
+             "missing ranks have MISSING_ROW.");
+
+static PyObject *rank_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("rank_items", nargs, 3)) return NULL;
+    PyObject *ops = args[0], *held = args[1], *wanted = args[2];
+    if (!PyList_CheckExact(ops) || !PyList_CheckExact(held) || LENGTH(held) != LENGTH(ops) ||
+        !PyList_CheckExact(wanted) || LENGTH(ops) > INT32_MAX) {
+        PyErr_SetString(PyExc_TypeError, "rank_items(ops, held, ranks): three lists, the first two of one length");
+        return NULL;
+    }
+    Py_ssize_t count = LENGTH(wanted);
+    long long *ranks = PyMem_Calloc(count ? (size_t)count : 1, sizeof(long long));
+    Buffer *buffers = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Buffer));
+    PyObject *result = NULL;
+    if (ranks == NULL || buffers == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        ranks[k] = PyLong_AsLongLong(PyList_GetItem(wanted, k));
+        if (ranks[k] == -1 && PyErr_Occurred()) goto done;
+        if (k > 0 && ranks[k] <= ranks[k - 1]) {
+            PyErr_SetString(PyExc_ValueError, "rank_items: the ranks must be ascending");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < LENGTH(ops); i++) {
+        PyObject *entries = PyList_GetItem(held, i);
+        if (PyTuple_CheckExact(entries)) { /* (ranks, rows): int32 and uint32 bytes, a rank's rows together */
+            PyObject *rank_bytes = LENGTH(entries) == 2 ? PyTuple_GetItem(entries, 0) : NULL;
+            PyObject *row_bytes = rank_bytes != NULL ? PyTuple_GetItem(entries, 1) : NULL;
+            if (rank_bytes == NULL || !PyBytes_CheckExact(rank_bytes) || !PyBytes_CheckExact(row_bytes) ||
+                PyBytes_Size(rank_bytes) != PyBytes_Size(row_bytes) || PyBytes_Size(rank_bytes) % 4 != 0) {
+                PyErr_SetString(PyExc_TypeError, "rank_items: an op's entries are neither a mapping nor (ranks, rows)");
+                goto done;
+            }
+            const char *rank_at = PyBytes_AsString(rank_bytes), *row_at = PyBytes_AsString(row_bytes);
+            Py_ssize_t parts = PyBytes_Size(rank_bytes) / 4;
+            for (Py_ssize_t k = 0; k < parts; k++) {
+                int32_t rank, next = 0, previous = 0;
+                uint32_t row;
+                memcpy(&rank, rank_at + 4 * k, 4);
+                memcpy(&row, row_at + 4 * k, 4);
+                if (k > 0) memcpy(&previous, rank_at + 4 * (k - 1), 4);
+                if (k > 0 && previous == rank) continue; /* its item is made */
+                Py_ssize_t slot = rank_slot(ranks, count, rank);
+                if (slot < 0) continue;
+                if (k + 1 < parts) memcpy(&next, rank_at + 4 * (k + 1), 4);
+                int several = k + 1 < parts && next == rank;
+                if (put_item(&buffers[slot], i, several || row > INT32_MAX ? ITEM_HELD : (int32_t)row) < 0) goto done;
+            }
+        } else { /* a mapping: its keys are its ranks */
+            PyObject *iterator = PyObject_GetIter(entries), *rank;
+            if (iterator == NULL) goto done;
+            int failed = 0;
+            while (!failed && (rank = PyIter_Next(iterator)) != NULL) {
+                failed = put_rank_item(rank, ranks, buffers, count, i, ITEM_HELD) < 0;
+                Py_DECREF(rank);
+            }
+            Py_DECREF(iterator);
+            if (failed || PyErr_Occurred()) goto done;
+        }
+        PyObject *missing = PyObject_GetAttr(PyList_GetItem(ops, i), str_missing);
+        if (missing == NULL) goto done;
+        int failed = !PyTuple_CheckExact(missing);
+        if (failed) PyErr_SetString(PyExc_TypeError, "rank_items: an op's missing ranks are not a tuple");
+        for (Py_ssize_t k = 0; !failed && k < LENGTH(missing); k++)
+            failed = put_rank_item(PyTuple_GetItem(missing, k), ranks, buffers, count, i, ITEM_MISSING) < 0;
+        Py_DECREF(missing);
+        if (failed) goto done;
+    }
+    result = PyDict_New();
+    for (Py_ssize_t k = 0; result != NULL && k < count; k++) {
+        if (buffers[k].len == 0) continue;
+        PyObject *rank = PyLong_FromLongLong(ranks[k]);
+        PyObject *items = PyBytes_FromStringAndSize(buffers[k].data, buffers[k].len);
+        if (rank == NULL || items == NULL || PyDict_SetItem(result, rank, items) < 0) Py_CLEAR(result);
+        Py_XDECREF(rank);
+        Py_XDECREF(items);
+    }
+done:
+    for (Py_ssize_t k = 0; buffers != NULL && k < count; k++) PyMem_Free(buffers[k].data);
+    PyMem_Free(buffers);
+    PyMem_Free(ranks);
+    return result;
+}
+
+/* An item with where it begins on the rank and where it was: what a stable sort by start compares. */
+typedef struct {
+    long long start;
+    Py_ssize_t position;
+    Item item;
+} Placed;
+
+static int compare_placed(const void *a, const void *b) {
+    const Placed *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    return x->position < y->position ? -1 : x->position > y->position;
+}
+
+/* A group a rank's items are in, as rank_groups meets it. */
+typedef struct {
+    int32_t group;
+    int unordered;
+    long long last;
+    Py_ssize_t count, filled;
+    Placed *placed;
+} GroupItems;
+
+PyDoc_STRVAR(rank_groups_doc,
+             "rank_groups(items, op_groups, created, first_times, start_of) -> list\n\n"
+             "streams._by_group for a rank's items (bytes of rows.ITEM pairs, in the job's op order): each\n"
+             "group (an index, as ``op_groups`` gives one for each op in int32 bytes) with its items, in the\n"
+             "order of each group's first item, as (group, bytes); a group's items sorted by when the rank\n"
+             "began each (stable) where that order is not the given one. An item begins at its row's\n"
+             "``created`` (int64 bytes, one per row), or for a rank that never issued the op at its\n"
+             "``first_times`` (int64 bytes, one per op), or where the op gives its entries at ``start_of(op)``.");
+
+static PyObject *rank_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("rank_groups", nargs, 5)) return NULL;
+    PyObject *items_bytes = args[0], *start_of = args[4];
+    if (!PyBytes_CheckExact(items_bytes) || PyBytes_Size(items_bytes) % (Py_ssize_t)sizeof(Item) != 0 ||
+        !PyBytes_CheckExact(args[1]) || !PyBytes_CheckExact(args[2]) || !PyBytes_CheckExact(args[3]) ||
+        PyBytes_Size(args[1]) % 4 != 0 || PyBytes_Size(args[2]) % 8 != 0 ||
+        PyBytes_Size(args[3]) != 2 * PyBytes_Size(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "rank_groups: items, op groups, created and first times as bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyBytes_Size(items_bytes) / (Py_ssize_t)sizeof(Item);
+    Py_ssize_t ops = PyBytes_Size(args[1]) / 4, rows = PyBytes_Size(args[2]) / 8;
+    const char *items = PyBytes_AsString(items_bytes), *op_groups = PyBytes_AsString(args[1]);
+    const char *created = PyBytes_AsString(args[2]), *first_times = PyBytes_AsString(args[3]);
+    Placed *placed = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Placed));
+    int32_t *slots = PyMem_Calloc(count ? (size_t)count : 1, sizeof(int32_t));
+    GroupItems *groups = PyMem_Calloc(count ? (size_t)count : 1, sizeof(GroupItems));
+    Py_ssize_t group_count = 0, last_slot = -1;
+    PyObject *result = NULL;
+    if (placed == NULL || slots == NULL || groups == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Item item;
+        memcpy(&item, items + k * (Py_ssize_t)sizeof(Item), sizeof item);
+        if (item.op < 0 || item.op >= ops || item.row >= rows || item.row < ITEM_HELD) {
+            PyErr_SetString(PyExc_IndexError, "rank_groups: an item beyond the ops or the rows");
+            goto done;
+        }
+        long long start;
+        if (item.row >= 0) {
+            memcpy(&start, created + 8 * (Py_ssize_t)item.row, 8);
+        } else if (item.row == ITEM_MISSING) {
+            memcpy(&start, first_times + 8 * (Py_ssize_t)item.op, 8);
+        } else {
+            PyObject *value = PyObject_CallFunction(start_of, "i", item.op);
+            if (value == NULL) goto done;
+            start = PyLong_AsLongLong(value);
+            Py_DECREF(value);
+            if (start == -1 && PyErr_Occurred()) goto done;
+        }
+        int32_t group;
+        memcpy(&group, op_groups + 4 * (Py_ssize_t)item.op, 4);
+        Py_ssize_t slot = last_slot >= 0 && groups[last_slot].group == group ? last_slot : -1;
+        for (Py_ssize_t g = 0; slot < 0 && g < group_count; g++)
+            if (groups[g].group == group) slot = g;
+        if (slot < 0) {
+            slot = group_count++;
+            groups[slot].group = group;
+        } else if (start < groups[slot].last) {
+            groups[slot].unordered = 1;
+        }
+        groups[slot].last = start;
+        groups[slot].count++;
+        last_slot = slot;
+        slots[k] = (int32_t)slot;
+        placed[k] = (Placed){start, k, item};
+    }
+    /* each group's items together, in the order given: then sorted where they are not in order */
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        groups[g].placed = NULL;
+        groups[g].filled = offset; /* where its items begin, until they are placed */
+        offset += groups[g].count;
+    }
+    Placed *ordered = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Placed));
+    Item *out = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Item));
+    if (ordered == NULL || out == NULL) {
+        PyMem_Free(ordered);
+        PyMem_Free(out);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) ordered[groups[slots[k]].filled++] = placed[k];
+    result = PyList_New(group_count);
+    offset = 0;
+    for (Py_ssize_t g = 0; result != NULL && g < group_count; g++) {
+        Placed *first = ordered + offset;
+        if (groups[g].unordered) qsort(first, (size_t)groups[g].count, sizeof(Placed), compare_placed);
+        for (Py_ssize_t k = 0; k < groups[g].count; k++) out[k] = first[k].item;
+        PyObject *pair = Py_BuildValue("(iy#)", groups[g].group, (const char *)out,
+                                       groups[g].count * (Py_ssize_t)sizeof(Item));
+        if (pair == NULL) Py_CLEAR(result);
+        else PyList_SetItem(result, g, pair);
+        offset += groups[g].count;
+    }
+    PyMem_Free(ordered);
+    PyMem_Free(out);
+done:
+    PyMem_Free(placed);
+    PyMem_Free(slots);
+    PyMem_Free(groups);
+    return result;
+}
+
+/* What lay_out_rows remembers of an op across ranks, in a bytearray it sizes (``cache``): the looks a rank's
+ * entry takes in it (numbers in the writer's rows.LookTable) and the median of its members' enqueues,
+ * made by ``prepare`` for the entry whose look columns (``signature``) it holds; another entry that agrees
+ * on them takes them as they are. */
+#define SIGNATURE_MAX 120
+typedef struct {
+    int32_t ran, enqueue;
+    int64_t reference;
+    uint8_t known, has_reference;
+    uint8_t signature[SIGNATURE_MAX];
+} LookCache;
+
+/* A rank's columns as lay_out_rows reads them: every one ``rows`` long, of the width its bytes say. */
+typedef struct {
+    Py_ssize_t rows;
+    const char *created, *started, *completed, *thread;
+    Py_ssize_t look_count;
+    const char *look[16];
+    Py_ssize_t look_width[16];
+    Py_ssize_t signature_size;
+} RowColumns;
+
+static int read_row_columns(PyObject *columns, PyObject *look_columns, RowColumns *out) {
+    if (!PyTuple_CheckExact(columns) || LENGTH(columns) != 4 || !PyTuple_CheckExact(look_columns) ||
+        LENGTH(look_columns) > 16) {
+        PyErr_SetString(PyExc_TypeError, "lay_out_rows: four columns and at most 16 look columns");
+        return -1;
+    }
+    PyObject *created = PyTuple_GetItem(columns, 0);
+    if (!PyBytes_CheckExact(created) || PyBytes_Size(created) % 8 != 0) {
+        PyErr_SetString(PyExc_TypeError, "lay_out_rows: created times are int64 bytes");
+        return -1;
+    }
+    out->rows = PyBytes_Size(created) / 8;
+    const Py_ssize_t widths[4] = {8, 8, 8, 4};
+    const char **targets[4] = {&out->created, &out->started, &out->completed, &out->thread};
+    for (int c = 0; c < 4; c++)
+        if ((*targets[c] = column_of(PyTuple_GetItem(columns, c), out->rows, widths[c])) == NULL) return -1;
+    out->look_count = LENGTH(look_columns);
+    out->signature_size = 1; /* whether it started: a look says so */
+    for (Py_ssize_t c = 0; c < out->look_count; c++) {
+        PyObject *column = PyTuple_GetItem(look_columns, c);
+        Py_ssize_t size = PyBytes_Check(column) ? PyBytes_Size(column) : -1;
+        Py_ssize_t width = out->rows ? size / out->rows : 1;
+        if (width != 1 && width != 4 && width != 8) width = 0;
+        if (width == 0 || (out->look[c] = column_of(column, out->rows, width)) == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "lay_out_rows: a look column of the wrong length");
+            return -1;
+        }
+        out->look_width[c] = width;
+        out->signature_size += width;
+    }
+    if (out->signature_size > SIGNATURE_MAX) {
+        PyErr_SetString(PyExc_ValueError, "lay_out_rows: too many look columns");
+        return -1;
+    }
+    return 0;
+}
+
+static long long column_int64(const char *column, Py_ssize_t row) {
+    long long value;
+    memcpy(&value, column + 8 * row, 8);
+    return value;
+}
+
+/* A bytearray's contents grown by a buffer's; 0, or -1 with an error set. */
+static int bytearray_extend(PyObject *target, const Buffer *buffer) {
+    if (buffer->len == 0) return 0;
+    Py_ssize_t size = PyByteArray_Size(target);
+    if (PyByteArray_Resize(target, size + buffer->len) < 0) return -1;
+    memcpy(PyByteArray_AsString(target) + size, buffer->data, (size_t)buffer->len);
+    return 0;
+}
+
+#define TIME_LIMIT (1LL << 62) /* times and offsets the layout does in C: no sum of two overflows */
+
+PyDoc_STRVAR(lay_out_rows_doc,
+             "lay_out_rows(items, position, free, late, slices, context) -> (position, free, late)\n\n"
+             "lay_out_collectives for a rank's items of one group held as rows (bytes of rows.ITEM pairs):\n"
+             "from ``position`` on, each completed collective the rank issued as one entry, on a stream\n"
+             "nothing holds, enqueued by the thread of the last enqueue, in which it has no role, is laid out\n"
+             "as streams._group lays it out, its slice a rows.RECORD added to ``slices`` (a bytearray), its\n"
+             "enqueue one added to the thread's instants, its lateness to the points where it changes; stops\n"
+             "at the first item that is not so. The context: the rank's columns (created, started, completed,\n"
+             "thread) and look columns, each op's key (int64 bytes) and kind (uint8 bytes: 1 a collective),\n"
+             "the looks cache (a bytearray), the clock offset, the rank's launch flow base, the lateness\n"
+             "points (a list), the last enqueue's thread (an id; -1: none), its instants (a bytearray), the\n"
+             "op keys of the rank's roles (ascending int64 bytes), the lateness step, ``prepare(op, row)`` (the\n"
+             "numbers of the looks of the op for the entry at ``row`` and the median of its members' enqueues,\n"
+             "or None), and how far the rank's clock runs ahead of the group's.");
+
+static PyObject *lay_out_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("lay_out_rows", nargs, 6)) return NULL;
+    PyObject *items_bytes = args[0], *slices = args[4];
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    long long free_at = PyLong_AsLongLong(args[2]);
+    double last_late = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *columns, *look_columns, *op_keys, *op_kinds, *cache, *points, *instants, *roles, *prepare;
+    long long offset, launch_base, thread, late_offset;
+    double step;
+    if (!PyBytes_CheckExact(items_bytes) || PyBytes_Size(items_bytes) % (Py_ssize_t)sizeof(Item) != 0 ||
+        !PyByteArray_CheckExact(slices) ||
+        !PyArg_ParseTuple(args[5], "O!O!SSO!LLO!LO!SdOL;lay_out_rows: bad context", &PyTuple_Type, &columns,
+                          &PyTuple_Type, &look_columns, &op_keys, &op_kinds, &PyByteArray_Type, &cache, &offset,
+                          &launch_base, &PyList_Type, &points, &thread, &PyByteArray_Type, &instants, &roles, &step,
+                          &prepare, &late_offset)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "lay_out_rows: items are bytes, slices a bytearray");
+        return NULL;
+    }
+    RowColumns in;
+    if (read_row_columns(columns, look_columns, &in) < 0) return NULL;
+    Py_ssize_t ops = PyBytes_Size(op_keys) / 8;
+    if (PyBytes_Size(op_keys) % 8 != 0 || PyBytes_Size(op_kinds) != ops || PyBytes_Size(roles) % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "lay_out_rows: op keys, kinds and roles of the wrong lengths");
+        return NULL;
+    }
+    Py_ssize_t cache_size = ops * (Py_ssize_t)sizeof(LookCache);
+    if (PyByteArray_Size(cache) == 0 && cache_size > 0) {
+        if (PyByteArray_Resize(cache, cache_size) < 0) return NULL;
+        memset(PyByteArray_AsString(cache), 0, (size_t)cache_size);
+    }
+    if (PyByteArray_Size(cache) != cache_size) {
+        PyErr_SetString(PyExc_ValueError, "lay_out_rows: a looks cache of another job");
+        return NULL;
+    }
+    const char *items = PyBytes_AsString(items_bytes), *keys = PyBytes_AsString(op_keys);
+    const char *kinds = PyBytes_AsString(op_kinds), *role_keys = PyBytes_AsString(roles);
+    Py_ssize_t count = PyBytes_Size(items_bytes) / (Py_ssize_t)sizeof(Item), role_count = PyBytes_Size(roles) / 8;
+    if (offset <= -TIME_LIMIT || offset >= TIME_LIMIT || late_offset <= -TIME_LIMIT || late_offset >= TIME_LIMIT ||
+        free_at <= -TIME_LIMIT || free_at >= TIME_LIMIT)
+        return Py_BuildValue("(nLd)", position, free_at, last_late); /* Python's to lay out */
+    Buffer ran_out = {NULL, 0, 0}, enqueued_out = {NULL, 0, 0};
+    uint8_t signature[SIGNATURE_MAX];
+    PyObject *result = NULL;
+    for (; position >= 0 && position < count; position++) {
+        Item item;
+        memcpy(&item, items + position * (Py_ssize_t)sizeof(Item), sizeof item);
+        if (item.row < 0 || item.row >= in.rows || item.op < 0 || item.op >= ops || kinds[item.op] != 1) break;
+        Py_ssize_t row = item.row;
+        long long created = column_int64(in.created, row), started = column_int64(in.started, row);
+        long long completed = column_int64(in.completed, row);
+        uint32_t thread_id;
+        memcpy(&thread_id, in.thread + 4 * row, 4);
+        /* not completed (None is -1), or times too large to add in C: Python's */
+        if (completed <= 0 || completed >= TIME_LIMIT || created < 0 || created >= TIME_LIMIT || started < -1 ||
+            started >= TIME_LIMIT || (long long)thread_id != thread)
+            break;
+        long long key = column_int64(keys, item.op);
+        int role = 0;
+        for (Py_ssize_t low = 0, high = role_count; !role && low < high;) {
+            Py_ssize_t middle = low + (high - low) / 2;
+            long long at = column_int64(role_keys, middle);
+            if (at == key) role = 1;
+            else if (at < key) low = middle + 1;
+            else high = middle;
+        }
+        if (role) break; /* a victim's look: Python's */
+        Py_ssize_t size = 0;
+        signature[size++] = started == -1;
+        for (Py_ssize_t c = 0; c < in.look_count; c++) {
+            memcpy(signature + size, in.look[c] + in.look_width[c] * row, (size_t)in.look_width[c]);
+            size += in.look_width[c];
+        }
+        /* the cache may move while prepare runs (it never does resize it, but nothing here relies on that) */
+        LookCache *looks = (LookCache *)PyByteArray_AsString(cache) + item.op;
+        if (!looks->known || memcmp(looks->signature, signature, (size_t)size) != 0) {
+            PyObject *made = PyObject_CallFunction(prepare, "in", item.op, row);
+            if (made == NULL) goto done;
+            int ran = 0, enqueue = 0;
+            PyObject *reference = Py_None;
+            int usable = made != Py_None && PyArg_ParseTuple(made, "iiO;lay_out_rows: prepare gives (ran, enqueue, "
+                                                                   "reference)", &ran, &enqueue, &reference);
+            long long median = 0;
+            if (usable && reference != Py_None) usable = int_field(reference, &median);
+            Py_DECREF(made); /* the ints are read; the reference's value too */
+            if (PyErr_Occurred()) goto done;
+            looks = (LookCache *)PyByteArray_AsString(cache) + item.op;
+            looks->known = 0;
+            if (!usable) break;
+            looks->ran = ran;
+            looks->enqueue = enqueue;
+            looks->has_reference = reference != Py_None;
+            looks->reference = median;
+            memcpy(looks->signature, signature, (size_t)size);
+            looks->known = 1;
+        }
+        /* as streams._ran: from its start (or its enqueue, where start events are off), no earlier than
+         * the stream was free, to its completion; everything on the common clock */
+        long long created_here = created - offset;
+        long long start = started > 0 ? started - offset : created_here;
+        if (start < free_at) start = free_at;
+        long long done_at = completed - offset;
+        long long end = done_at > start ? done_at : start + 1;
+        free_at = end;
+        uint64_t flow = (uint64_t)launch_base + (uint64_t)key;
+        Record ran = {start, end, flow, looks->ran, (int32_t)row};
+        Record enqueued = {created_here, NO_END, flow, looks->enqueue, -1};
+        if (buffer_put(&ran_out, (const char *)&ran, (Py_ssize_t)sizeof ran) < 0 ||
+            buffer_put(&enqueued_out, (const char *)&enqueued, (Py_ssize_t)sizeof enqueued) < 0)
+            goto done;
+        if (looks->has_reference) {
+            /* as Looks.lateness: ms after the members' median, never below 0, in steps */
+            double late = (double)(created - late_offset - looks->reference) / 1e6;
+            double value = late > 0 ? nearbyint(late / step) * step : 0.0;
+            if (value != last_late) {
+                PyObject *point = Py_BuildValue("(Ld)", created_here, value);
+                if (point == NULL || PyList_Append(points, point) < 0) {
+                    Py_XDECREF(point);
+                    goto done;
+                }
+                Py_DECREF(point);
+                last_late = value;
+            }
+        }
+    }
+    if (bytearray_extend(slices, &ran_out) == 0 && bytearray_extend(instants, &enqueued_out) == 0)
+        result = Py_BuildValue("(nLd)", position, free_at, last_late);
+done:
+    PyMem_Free(ran_out.data);
+    PyMem_Free(enqueued_out.data);
+    return result;
+}
+
+/* What encode_rows reads of a rank's entries for their ids and times (rows.SliceRows.facts): int64 op ids,
+ * record ids, created, started and completed times, float64 durations and uint32 thread ids, each
+ * ``rows`` long, and the threads table they index ((thread id, thread name) pairs). */
+typedef struct {
+    Py_ssize_t rows;
+    const char *op_id, *record_id, *created, *started, *completed, *duration, *thread;
+    PyObject *threads;
+    long long last_thread; /* the thread met last, and its encoded bytes (held), or -1 */
+    PyObject *last_thread_bytes;
+} RowFacts;
+
+static int read_row_facts(PyObject *facts, RowFacts *out) {
+    PyObject *created;
+    if (!PyTuple_CheckExact(facts) || LENGTH(facts) != 8 || !PyBytes_Check(created = PyTuple_GetItem(facts, 2)) ||
+        !PyList_CheckExact(PyTuple_GetItem(facts, 7))) {
+        PyErr_SetString(PyExc_TypeError, "encode_rows: facts are seven columns and the threads table");
+        return -1;
+    }
+    out->rows = PyBytes_Size(created) / 8;
+    const char **targets[7] = {&out->op_id, &out->record_id, &out->created, &out->started, &out->completed,
+                               &out->duration, &out->thread};
+    for (int c = 0; c < 7; c++)
+        if ((*targets[c] = column_of(PyTuple_GetItem(facts, c), out->rows, c == 6 ? 4 : 8)) == NULL) return -1;
+    out->threads = PyTuple_GetItem(facts, 7);
+    out->last_thread = -1;
+    out->last_thread_bytes = NULL;
+    return 0;
+}
+
+/* The bytes the writer remembers for an id (an op's or a record's), as put_facts finds them; borrowed,
+ * NULL (no error) when absent. */
+static PyObject *id_bytes(PyObject *table, long long value) {
+    PyObject *key = PyLong_FromLongLong(value);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = bytes_in(table, key);
+    Py_DECREF(key);
+    return found;
+}
+
+/* put_facts for the entry at ``row`` of a rank's columns: 1 done, 0 not on the fast path, -1 error. */
+static int put_row_facts(Buffer *event, Context *context, RowFacts *facts, Py_ssize_t row, int timed) {
+    if (row < 0 || row >= facts->rows) return 0;
+    PyObject *op_id = id_bytes(context->op_ids, column_int64(facts->op_id, row));
+    PyObject *record_id = id_bytes(context->record_ids, column_int64(facts->record_id, row));
+    long long created = column_int64(facts->created, row), started = column_int64(facts->started, row);
+    long long completed = column_int64(facts->completed, row);
+    double duration;
+    memcpy(&duration, facts->duration + 8 * row, 8);
+    const long long nine_bytes = 1LL << 56; /* the writer's fact heads are for nine-byte varints */
+    if (op_id == NULL || record_id == NULL || created < nine_bytes ||
+        (timed && (started < nine_bytes || completed < nine_bytes || duration != duration)))
+        return 0;
+    uint32_t thread_id;
+    memcpy(&thread_id, facts->thread + 4 * row, 4);
+    PyObject *thread = NULL;
+    if ((long long)thread_id == facts->last_thread) {
+        thread = facts->last_thread_bytes; /* a rank's entries share their thread */
+    } else {
+        if ((Py_ssize_t)thread_id >= LENGTH(facts->threads)) return 0;
+        PyObject *pair = PyList_GetItem(facts->threads, (Py_ssize_t)thread_id); /* (thread id, thread name) */
+        if (!PyTuple_CheckExact(pair) || LENGTH(pair) != 2) return 0;
+        PyObject *ident = PyTuple_GetItem(pair, 0), *name = PyTuple_GetItem(pair, 1);
+        if (!PyUnicode_CheckExact(name) || !PyUnicode_CheckExact(ident)) return 0;
+        if (PyUnicode_GetLength(name) || PyUnicode_GetLength(ident)) {
+            PyObject *key = PyTuple_Pack(2, name, ident);
+            if (key == NULL) return -1;
+            thread = bytes_in(context->threads, key);
+            Py_DECREF(key);
+            if (thread == NULL) return 0;
+        }
+        facts->last_thread = (long long)thread_id;
+        REPLACE_REF(facts->last_thread_bytes, Py_XNewRef(thread));
+    }
+    if (buffer_put_bytes(event, op_id) < 0 || buffer_put_bytes(event, record_id) < 0 ||
+        buffer_put_chunk(event, &context->created_head) < 0 ||
+        buffer_put_varint(event, (unsigned long long)created) < 0)
+        return -1;
+    if (timed) {
+        unsigned char little[8];
+        pack_double(duration, little);
+        if (buffer_put_chunk(event, &context->started_head) < 0 ||
+            buffer_put_varint(event, (unsigned long long)started) < 0 ||
+            buffer_put_chunk(event, &context->completed_head) < 0 ||
+            buffer_put_varint(event, (unsigned long long)completed) < 0 ||
+            buffer_put_chunk(event, &context->duration_head) < 0 || buffer_put(event, (char *)little, 8) < 0)
+            return -1;
+    }
+    if (thread != NULL && buffer_put_bytes(event, thread) < 0) return -1;
+    return 1;
+}
+
+/* One record's packets, as put_slice writes its Slice's: 1 a slice, 2 an instant, 0 not on the fast path
+ * (nothing written), -1 error. */
+static int put_record(Buffer *out, Buffer *event, Context *context, const Record *record, PyObject *looks,
+                      RowFacts *facts) {
+    int instant = record->end == NO_END;
+    event->len = 0;
+    if (record->look < 0 || record->look >= LENGTH(looks) || record->start < 0 || (!instant && record->end < 0) ||
+        (instant && record->row >= 0))
+        return 0;
+    PyObject *look = PyList_GetItem(looks, record->look);
+    PyObject *chunk = encoded_look(context, look);
+    if (chunk == NULL) return -1;
+    int result = 0;
+    if (!PyBytes_CheckExact(chunk)) goto done;
+    if (buffer_put_chunk(event, instant ? &context->instant : &context->begin) < 0 ||
+        buffer_put_bytes(event, chunk) < 0)
+        goto error;
+    if (record->row >= 0) {
+        int timed = look_is_timed(look);
+        if (timed < 0) goto error;
+        int put = put_row_facts(event, context, facts, record->row, timed);
+        if (put < 0) goto error;
+        if (put == 0) goto done;
+    }
+    unsigned char little[8];
+    for (int b = 0; b < 8; b++) little[b] = (unsigned char)(record->flow >> (8 * b));
+    if (buffer_put_chunk(event, &context->flow_tag) < 0 || buffer_put(event, (char *)little, 8) < 0) goto error;
+    int framed = put_framed(out, event, context, (unsigned long long)record->start,
+                            instant ? 0 : (unsigned long long)record->end, instant);
+    if (framed < 0) goto error;
+    if (framed == 0) goto done;
+    if (record->row >= 0) context->launches += 1;
+    result = instant ? 2 : 1;
+    goto done;
+error:
+    result = -1;
+done:
+    Py_DECREF(chunk);
+    return result;
+}
+
+PyDoc_STRVAR(encode_rows_doc,
+             "encode_rows(records, looks, facts, context, fallback) -> (bytes, slice count, marker count, launch flows)\n\n"
+             "encode_slices for a track's slices held as rows (rows.SliceRows): the packets of each record\n"
+             "(rows.RECORD) in order, its look the one ``looks`` numbers, its entry's ids and times read from\n"
+             "``facts`` (SliceRows.facts); each record the fast path does not cover is encoded by\n"
+             "``fallback(index)``.");
+
+static PyObject *encode_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (!takes("encode_rows", nargs, 5)) return NULL;
+    PyObject *records = args[0], *looks = args[1], *fallback = args[4];
+    if (!PyByteArray_CheckExact(records) || PyByteArray_Size(records) % (Py_ssize_t)sizeof(Record) != 0 ||
+        !PyList_CheckExact(looks) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "encode_rows: records (a bytearray), looks (a list), a context tuple");
+        return NULL;
+    }
+    Context context;
+    RowFacts facts;
+    if (read_context(args[3], &context) < 0 || read_row_facts(args[2], &facts) < 0) return NULL;
+    /* held: a fallback may run code that changes the records */
+    PyObject *held = PyBytes_FromStringAndSize(PyByteArray_AsString(records), PyByteArray_Size(records));
+    if (held == NULL) return NULL;
+    const char *data = PyBytes_AsString(held);
+    Py_ssize_t count = PyBytes_Size(held) / (Py_ssize_t)sizeof(Record), slices = 0, markers = 0;
+    Buffer out = {NULL, 0, 0}, event = {NULL, 0, 0};
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Record record;
+        memcpy(&record, data + i * (Py_ssize_t)sizeof(Record), sizeof record);
+        int done = put_record(&out, &event, &context, &record, looks, &facts);
+        if (done < 0) goto finish;
+        if (done == 0) {
+            PyObject *packets = PyObject_CallFunction(fallback, "n", i);
+            int ok = packets != NULL && PyBytes_Check(packets) && buffer_put_bytes(&out, packets) == 0;
+            if (packets != NULL && !PyBytes_Check(packets))
+                PyErr_SetString(PyExc_TypeError, "encode_rows: the fallback must return bytes");
+            Py_XDECREF(packets);
+            if (!ok) goto finish;
+            done = record.end == NO_END ? 2 : 1;
+        }
+        if (done == 1)
+            slices++;
+        else
+            markers++;
+    }
+    result = Py_BuildValue("(y#nnn)", out.data ? out.data : "", out.len, slices, markers, context.launches);
+finish:
+    Py_DECREF(held);
+    Py_XDECREF(facts.last_thread_bytes);
     PyMem_Free(out.data);
     PyMem_Free(event.data);
     return result;
@@ -2717,6 +3434,10 @@ static PyMethodDef methods[] = {
      lay_out_collectives_doc},
     {"by_group", (PyCFunction)(void (*)(void))by_group, METH_FASTCALL, by_group_doc},
     {"ops_by_rank", (PyCFunction)(void (*)(void))ops_by_rank, METH_FASTCALL, ops_by_rank_doc},
+    {"rank_items", (PyCFunction)(void (*)(void))rank_items, METH_FASTCALL, rank_items_doc},
+    {"rank_groups", (PyCFunction)(void (*)(void))rank_groups, METH_FASTCALL, rank_groups_doc},
+    {"lay_out_rows", (PyCFunction)(void (*)(void))lay_out_rows, METH_FASTCALL, lay_out_rows_doc},
+    {"encode_rows", (PyCFunction)(void (*)(void))encode_rows, METH_FASTCALL, encode_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,6 +30,7 @@ from .diagnose.verdict import HANG, HEALTHY, Diagnosis, diagnose
 from .layout.focus import focus_of, metadata_packet
 from .layout.fold import View, full_view
 from .layout.looks import Highlights
+from .layout.rows import ITEM, job_rows
 from .layout.scene import TimeSpan, Track
 from .layout.timeline import (
     FINDINGS_UUID,
@@ -55,14 +56,6 @@ class Analysis:
     job: Job
     ops: list[MatchedOp]
     diagnosis: Diagnosis
-    _by_rank: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None = None
-
-    def ops_by_rank(self) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
-        """``timeline.ops_by_rank`` of every op, made once and kept with the analysis (an item per
-        entry of the job: building it, and freeing it, takes a noticeable time)."""
-        if self._by_rank is None:
-            self._by_rank = ops_by_rank(self.ops)
-        return self._by_rank
 
 
 def analyse(job: Job) -> Analysis:
@@ -82,11 +75,9 @@ def write_trace(analysis: Analysis, path: str, view: View | None = None, jobs: i
     view = view or full_view(job)
     as_json = output_format(path) == "json"
     in_parallel = not as_json and _can_fork(jobs, len(view.processes))
-    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None = None  # in parallel: each worker its ranks'
+    index: dict[int, list[tuple[MatchedOp, list[Entry]]]] | None = None  # None: made by whoever writes the ranks
     if view.folded:
         index = ops_by_rank(ops, {rep for rep, _ in view.processes})
-    elif not in_parallel:
-        index = analysis.ops_by_rank()
     drawn = drawn_counts(index, view) if index is not None and view.folded else None
     diagnosis = analysis.diagnosis
     offsets = diagnosis.evidence.clocks.offsets if diagnosis.evidence is not None else {}
@@ -214,17 +205,24 @@ def _write_ranks(
     kept: list[object] | None = None,
 ) -> None:
     """Write the timelines of ``processes``; with ``kept``, what is made for them goes there, rather than
-    being freed (see ``KEPT_ITEMS``), up to a bound."""
+    being freed (see ``KEPT_ITEMS``), up to a bound. Where the index is made here, the ranks whose entries
+    are columns are laid out from rows (``rows``), for Perfetto's format and a view that shows every op."""
     view = replace(scene.view, processes=processes)
-    index = scene.index if scene.index is not None else ops_by_rank(scene.ops, {rank for rank, _ in processes})
+    ranks = [rank for rank, _ in processes]
+    rows = None
+    if scene.index is None and isinstance(writer, PerfettoWriter) and view.groups is None and not view.cutoffs:
+        rows = job_rows(scene.job, scene.ops, ranks)
+    rest = {rank for rank in ranks if rows is None or rank not in rows.items}
+    index = scene.index if scene.index is not None else ops_by_rank(scene.ops, rest) if rest else {}
     room = KEPT_ITEMS if kept is not None else 0
     if scene.index is None:  # made here: kept whole, or freed at the end
         room -= sum(map(len, index.values()))
         if room >= 0 and kept is not None:
             kept.append(index)
-    for timeline in rank_timelines(scene.job, index, scene.span, scene.highlights, view):
+    for timeline in rank_timelines(scene.job, index, scene.span, scene.highlights, view, rows):
         _write_tracks(writer, timeline.tracks)
-        room -= len(index.get(timeline.rank, ()))
+        held = rows.items.get(timeline.rank, b"") if rows is not None else b""
+        room -= len(index.get(timeline.rank, ())) + len(held) // ITEM.size
         if room >= 0 and kept is not None:
             kept.append(timeline)
 

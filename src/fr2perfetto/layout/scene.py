@@ -4,6 +4,7 @@ render package writes it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Union
 
@@ -113,7 +114,7 @@ class Track:
     pid: int | None = None  # set on process tracks only
     labels: list[str] = field(default_factory=list)
     description: str = ""
-    slices: list[Slice] = field(default_factory=list)
+    slices: Sequence[Slice] = field(default_factory=list)  # a list, or records (``rows.SliceRows``)
     nested: bool = False
     counter_unit: str | None = None  # a counter track: ``points`` are its (time, value), in this unit
     counter_share: str = ""  # counters of one key share a y axis across processes

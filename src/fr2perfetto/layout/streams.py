@@ -25,6 +25,7 @@ common case (a completed collective whose look is made, on a stream nothing hold
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -32,6 +33,7 @@ from ..base.model import COMPLETED, INCOMPLETE, MISSING, STUCK, Entry, Group, Ma
 from ..base.speedups import SPEEDUPS as _speedups
 from ..match.ops import NO_COMPLETION_BACKENDS
 from .looks import LATENESS_STEP_MS, LOOK_HEAD_FIELDS, LOOK_LAST_FIELDS, Looks
+from .rows import RankItems, RankRows, SliceRows
 from .scene import Slice
 
 # An op's cross-rank flow is its op key (below 2**32), a finding's timeline.FINDING_FLOW_BASE + its
@@ -48,7 +50,7 @@ StreamKey = tuple[Group, int | None]  # (group, peer): peer None for the group's
 class Stream:
     """What ran on one stream of a rank, as it is laid out."""
 
-    slices: list[Slice] = field(default_factory=list)  # in start order
+    slices: list[Slice] | SliceRows = field(default_factory=list)  # in start order
     free: int = 0  # when what ran last on it completed
     holder: MatchedOp | None = None  # the first op on it that did not complete
     holder_start: int = 0
@@ -61,7 +63,8 @@ class RankLayout:
     """One rank's ops, laid out: what ran on each stream, its enqueues per thread, its lateness."""
 
     streams: dict[StreamKey, Stream] = field(default_factory=dict)
-    enqueues: dict[tuple[str, str], list[Slice]] = field(default_factory=dict)  # (thread id, name) -> instants
+    # (thread id, name) -> its instants
+    enqueues: dict[tuple[str, str], list[Slice] | SliceRows] = field(default_factory=dict)
     # group -> (time, ms late) of its collectives, where the lateness changed
     lateness: dict[Group, list[tuple[int, float]]] = field(default_factory=dict)
 
@@ -77,7 +80,13 @@ class _Rank:
     launch_base: int  # launch flows of this rank: this plus the op key
     layout: RankLayout
     thread: tuple[object, object] = (None, None)  # the thread of the last enqueue (none yet), and its instants
-    instants: list[Slice] = field(default_factory=list)
+    instants: list[Slice] | SliceRows = field(default_factory=list)
+    rows: RankRows | None = None  # laid out from rows: what the C layout reads of the rank
+    entries: Sequence[Entry] = ()  # the rank's entries, which rows index
+
+    def new_slices(self) -> list[Slice] | SliceRows:
+        """An empty track's slices: records where the rank is laid out from rows."""
+        return [] if self.rows is None else SliceRows(self.rows.job.table, self.entries)
 
 
 def lay_out(
@@ -100,9 +109,37 @@ def lay_out(
             group_items.sort(key=start_on_rank)
         free = (free_from or {}).get(group, 0) - offset
         _group(state, group, group_items, free)
-    for instants in layout.enqueues.values():  # laid out group by group: each group's in order
-        instants.sort(key=_start)
+    _sort_enqueues(layout)
     return layout
+
+
+def lay_out_rows(
+    rank: int,
+    groups: list[tuple[Group, RankItems]],
+    end_of_trace: int,
+    looks: Looks,
+    rows: RankRows,
+    entries: Sequence[Entry],
+    offset: int = 0,
+) -> RankLayout:
+    """``lay_out`` of a rank's items held as rows (``rows.JobRows.rank_groups``: every group shown, nothing
+    folded), its slices as records (``SliceRows``), the common op laid out by ``_speedups.lay_out_rows``."""
+    layout = RankLayout()
+    state = _Rank(rank, looks, end_of_trace - offset, offset, LAUNCH_FLOW_BASE + (rank << 32), layout, rows=rows,
+                  entries=entries)  # fmt: skip
+    state.instants = state.new_slices()
+    for group, items in groups:
+        _group(state, group, items, -offset)
+    _sort_enqueues(layout)
+    return layout
+
+
+def _sort_enqueues(layout: RankLayout) -> None:
+    for instants in layout.enqueues.values():  # laid out group by group: each group's in order
+        if isinstance(instants, SliceRows):
+            instants.sort_by_start()
+        else:
+            instants.sort(key=_start)
 
 
 def _by_group(
@@ -137,10 +174,10 @@ def start_on_rank(item: tuple[MatchedOp, list[Entry]]) -> int:
     return entries[0].time_created_ns if entries else op.first_time_ns
 
 
-def _group(state: _Rank, group: Group, items: list[tuple[MatchedOp, list[Entry]]], free: int) -> None:
+def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Entry]]], free: int) -> None:
     """One group's ops, in the order the rank enqueued them."""
     streams = state.layout.streams
-    main = streams[(group, None)] = Stream(free=free)
+    main = streams[(group, None)] = Stream(slices=state.new_slices(), free=free)
     points = state.layout.lateness[group] = []  # the counter's value, where it changes
     late = -1.0
     batches: dict[int, tuple[int, Stream, list[tuple[MatchedOp, str]]]] = {}  # batch -> (slice index, stream, ops)
@@ -148,7 +185,15 @@ def _group(state: _Rank, group: Group, items: list[tuple[MatchedOp, list[Entry]]
     fast = _speedups.lay_out_collectives if _speedups is not None else None
     position, count = 0, len(items)
     while position < count:
-        if fast is not None and main.holder is None and not gloo:
+        if state.rows is not None and _speedups is not None and main.holder is None and not gloo:
+            assert isinstance(items, RankItems) and isinstance(main.slices, SliceRows)
+            position, main.free, late = _speedups.lay_out_rows(
+                items.packed, position, main.free, late, main.slices.records, _rows_context(state, group, points)
+            )
+            if position == count:
+                break
+        elif fast is not None and state.rows is None and main.holder is None and not gloo:
+            assert isinstance(items, list)
             looks = state.looks
             context = (Slice, state.offset, state.launch_base, points, *state.thread, state.instants,
                        looks.last_looks, looks.enqueue_looks, looks.references, looks.rank_roles,
@@ -171,7 +216,7 @@ def _group(state: _Rank, group: Group, items: list[tuple[MatchedOp, list[Entry]]
         stream = main
         if op.kind == "p2p" and batch is None and op.peers:
             key = (group, _peer(op, state.rank))
-            stream = streams.get(key) or streams.setdefault(key, Stream(free=free))
+            stream = streams.get(key) or streams.setdefault(key, Stream(slices=state.new_slices(), free=free))
         joined = batches.get(id(batch)) if batch is not None else None
         flow = state.launch_base + (op.op_key if joined is None else joined[2][0][0].op_key)
         _enqueued(state, op, head, created, flow)
@@ -199,6 +244,16 @@ def _group(state: _Rank, group: Group, items: list[tuple[MatchedOp, list[Entry]]
             stream.slices[index] = item._replace(look=state.looks.batch(ops, item.look))
 
 
+def _rows_context(state: _Rank, group: Group, points: list[tuple[int, float]]) -> tuple[object, ...]:
+    """What ``_speedups.lay_out_rows`` reads (its docstring says the order), as the rank's layout stands."""
+    rows, looks = state.rows, state.looks
+    assert rows is not None and isinstance(state.instants, SliceRows)
+    thread = rows.threads.get(state.thread, -1)
+    return (rows.columns, rows.look_columns, rows.job.op_keys, rows.job.op_kinds, rows.job.cache, state.offset,
+            state.launch_base, points, thread, state.instants.records, rows.roles, LATENESS_STEP_MS, rows.prepare,
+            looks.lateness_offset(group))  # fmt: skip
+
+
 def _peer(op: MatchedOp, rank: int) -> int:
     """The other end of a send or recv (global rank)."""
     source, destination = op.peers  # type: ignore[misc]
@@ -209,7 +264,10 @@ def _enqueued(state: _Rank, op: MatchedOp, head: Entry, created: int, flow: int)
     thread = (head.thread_id, head.thread_name)
     if thread != state.thread:
         state.thread = thread
-        state.instants = state.layout.enqueues.setdefault(thread, [])
+        instants = state.layout.enqueues.get(thread)
+        if instants is None:
+            instants = state.layout.enqueues[thread] = state.new_slices()
+        state.instants = instants
     state.instants.append(_new_slice(Slice, (created, None, state.looks.enqueue(op, head), None, None, (flow,))))
 
 

@@ -19,11 +19,13 @@ from ..base.model import EntriesByRank, Entry, Finding, Group, MatchedOp, ranks_
 from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
 from ..base.words import UNNAMED, group_called, lateness_track
+from ..read.columns import EntryRows
 from ..read.job import Job
 from .fold import View, full_view
 from .looks import Highlights, Looks, stack_strings
+from .rows import JobRows
 from .scene import ArgValue, RankTimeline, Slice, SliceLook, TimeSpan, Track
-from .streams import lay_out, start_on_rank
+from .streams import lay_out, lay_out_rows, start_on_rank
 
 FINDINGS_UUID = 1
 FINDING_FLOW_BASE = 1 << 48  # flow ids of findings, far above those of ops (their op keys)
@@ -128,15 +130,18 @@ def rank_timelines(
     span: TimeSpan,
     highlights: Highlights | None = None,
     view: View | None = None,
+    rows: JobRows | None = None,
 ) -> Iterator[RankTimeline]:
     """Yield each shown rank's timeline in rank order, built only when asked for.
 
-    ``index`` is ``ops_by_rank`` of the job's ops (for the shown ranks at least).
+    ``index`` is ``ops_by_rank`` of the job's ops, for the shown ranks at least but those laid out from
+    ``rows`` (the ranks it holds items of: ``rows.job_rows``, for a view that shows every group unfolded).
     """
     view = view or full_view(job)
     highlights = highlights or Highlights()
     for rank, stands_for in view.processes:
-        yield rank_timeline(job, rank, index.get(rank, []), span, highlights, stands_for, view)
+        from_rows = rows if rows is not None and rank in rows.items else None
+        yield rank_timeline(job, rank, index.get(rank, []), span, highlights, stands_for, view, from_rows)
 
 
 def rank_timeline(
@@ -147,11 +152,12 @@ def rank_timeline(
     highlights: Highlights,
     stands_for: tuple[int, ...] = (),
     view: View | None = None,
+    rows: JobRows | None = None,
 ) -> RankTimeline:
     """The tracks of one rank: its process, what lies beside its dump, its lateness, its threads, its
     groups' streams, on the job's common clock (``clocks``: the args keep the times the rank recorded).
     A folded process stands for several ranks with the same ops; history before a group's cutoff is
-    one summary slice."""
+    one summary slice. With ``rows``, the rank's ops are its items there (and ``rank_ops`` is not read)."""
     dump = job.dumps.get(rank)
     process_uuid = rank_uuid(rank)
     process = _process_track(job, rank, highlights, stands_for)
@@ -172,7 +178,14 @@ def rank_timeline(
                 continue
             items.append(item)
     free_from = {group: max(cutoffs[group], min(starts) + 1) for group, starts in folded.items()}
-    layout = lay_out(rank, items, span.end, Looks(highlights, rank), free_from, offset)
+    looks = Looks(highlights, rank)
+    if rows is not None and dump is not None and isinstance(dump.entries, EntryRows):
+        assert shown_groups is None and not cutoffs, "a view that leaves out or folds ops is laid out from items"
+        items_by_group = rows.rank_groups(rank, dump.entries)
+        context = rows.context(looks, dump.entries)
+        layout = lay_out_rows(rank, items_by_group, span.end, looks, context, dump.entries, offset)
+    else:
+        layout = lay_out(rank, items, span.end, looks, free_from, offset)
     tracks = [process]
 
     def child(name: str, order: int, parent: int = process_uuid, **more: object) -> Track:

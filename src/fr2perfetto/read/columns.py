@@ -328,6 +328,12 @@ class EntryRows(Sequence[Entry]):
     def __len__(self) -> int:
         return self._count
 
+    def column(self, field: str) -> bytes | None:
+        """The bytes of the column that one of ``Entry``'s fields is read from (ids, where it is read from a
+        table), or None where it is not read from a column."""
+        kind, data, _ = self._sources[Entry._fields.index(field)]
+        return data if kind in ("q", "Q", "d", "I", "B", "0", "1") and type(data) is bytes else None
+
     def rows(self, rows: Sequence[int]) -> list[Entry]:
         """The entries at ``rows``, in their order."""
         return make_entries(Entry, self._count, self._sources, array("I", rows).tobytes())

@@ -9,13 +9,14 @@ the common ones by ``_speedups.encode_slices`` in C, byte for byte the same.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, NamedTuple, TypeVar
 
 from ..base.model import Entry, Frame
 from ..base.speedups import SPEEDUPS as _speedups
+from ..layout.rows import SliceRows
 from ..layout.scene import ArgValue, Slice, SliceLook, Track, thread_label
 from ..proto import perfetto_trace_pb2 as pb
 from .wire import Field, varint
@@ -362,7 +363,13 @@ class PerfettoWriter:
         codes = self._track_codes(track_uuid)
         if self._fact_heads is None:
             self._make_fact_heads()  # interns their names now, whichever path encodes the slices
-        if _speedups is not None:
+        if _speedups is not None and isinstance(slices, SliceRows):
+            data, slice_count, marker_count, launches = _speedups.encode_rows(
+                slices.records, slices.table.looks, slices.facts(), self._fast_context(codes),
+                lambda index: self._slice_packets(slices[index], codes),
+            )  # fmt: skip
+            self.stats.launches += launches
+        elif _speedups is not None:
             data, slice_count, marker_count, launches = _speedups.encode_slices(
                 slices, self._fast_context(codes), partial(self._slice_packets, codes=codes)
             )
@@ -381,7 +388,7 @@ class PerfettoWriter:
         self.stats.slices += slice_count
         self.stats.markers += marker_count
 
-    def _nested(self, track_uuid: int, slices: list[Slice]) -> None:
+    def _nested(self, track_uuid: int, slices: Sequence[Slice]) -> None:
         """Slices that nest (and instants inside them), in start order, outer ones first: each end is
         written once every event that begins before it is."""
         codes = self._track_codes(track_uuid)
