@@ -176,9 +176,10 @@ class JobRows:
         rank began each where that is not their order."""
         assert _speedups is not None
 
-        def start_of(op_index: int) -> int:
-            first: Entry = self.ops[op_index].entries[rank][0]
-            return first.time_created_ns
+        def start_of(op_index: int) -> int:  # streams.start_on_rank, for an op that gives the rank's entries
+            op = self.ops[op_index]
+            entries = op.entries[rank]
+            return entries[0].time_created_ns if entries else op.first_time_ns
 
         parts = _speedups.rank_groups(self.items.get(rank, b""), self.op_groups, _column(entries, "created"),
                                       self.first_times, start_of)  # fmt: skip
