@@ -3,6 +3,8 @@ sample, on generated programs, on a hung job of many ranks written by forked wri
 
 from __future__ import annotations
 
+import pickle
+import random
 import struct
 import sys
 from pathlib import Path
@@ -13,9 +15,11 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from fr2perfetto import convert
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import rows as rows_module
+from fr2perfetto.layout import streams, timeline
 from fr2perfetto.layout.rows import HELD_ROW, ITEM, MISSING_ROW, LookTable, SliceRows
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.read.job import load_job
+from fr2perfetto.render import perfetto as perfetto_writer
 
 from . import programs
 from .programs import sim
@@ -134,3 +138,65 @@ def test_slice_rows_hold_slices_as_a_list_would():
     assert [(s.start, s.look.name) for s in held] == [(10, "enqueued"), (10, "other"), (30, "other")]
     with pytest.raises(IndexError):
         held[3]
+    # starts no record holds (a stranger's times, shifted by a clock): ordered as Python orders them
+    late, early = Slice(2**70, None, other), Slice(-(2**70), 5, other)
+    held.append(late)
+    held.append(early)
+    held.sort_by_start()
+    assert held[0] is early and held[4] is late and [s.start for s in held][1:4] == [10, 10, 30]
+
+
+_EXTREMES = [0, 1, 2**56 - 1, 2**56, 2**62 - 1, 2**62, 2**63 - 1]  # times no real job writes; C adds none of them
+
+
+def _mutated(entry: dict[str, object], rng: random.Random) -> None:
+    """Change one field of an entry as a stranger's dump might: times missing, zero, huge or going back,
+    threads that change, ids past any real one, a state that disagrees with the times."""
+    kind = rng.randrange(10)
+    if kind == 0:
+        entry["time_discovered_completed_ns"] = None
+    elif kind == 1:
+        entry["time_discovered_started_ns"] = rng.choice([None, 0, *_EXTREMES])
+    elif kind == 2:
+        entry["time_discovered_completed_ns"] = rng.choice(_EXTREMES)
+    elif kind == 3:
+        entry["time_created_ns"] = rng.choice([*_EXTREMES, int(entry["time_created_ns"]) - 10**7])  # type: ignore[call-overload]
+    elif kind == 4:
+        entry["thread_id"], entry["thread_name"] = str(rng.randrange(3)), rng.choice(["", "worker"])
+    elif kind == 5:
+        entry.pop("duration_ms", None)
+    elif kind == 6:
+        entry["input_sizes"] = [[rng.randrange(3)]]
+    elif kind == 7:
+        entry["op_id"] = rng.choice(_EXTREMES)
+    elif kind == 8:
+        entry["frames"] = []
+    else:
+        entry["state"] = rng.choice(["scheduled", "started", "completed"])
+
+
+@needs_speedups
+@pytest.mark.parametrize("sample", ["nccl/straggler", "nccl/pipeline_1f1b", "nccl/victim", "nccl/wrap"])
+def test_strangers_dumps_convert_the_same_from_rows_from_items_and_in_python(
+    sample: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Fields changed at random in a tenth of the entries: every way of laying out and writing gives the
+    same bytes (the C layouts leave to Python any time they could not add without overflow)."""
+    rng = random.Random(sample)
+    for attempt in range(3):
+        folder = tmp_path / f"dumps{attempt}"
+        folder.mkdir()
+        for path in sorted((SAMPLES / sample).iterdir()):
+            dump = pickle.loads(path.read_bytes())
+            for entry in dump["entries"]:
+                if rng.random() < 0.1:
+                    _mutated(entry, rng)
+            (folder / path.name).write_bytes(pickle.dumps(dump, protocol=2))
+        written, from_rows = _both_ways(folder, tmp_path, monkeypatch)
+        analysis = convert.analyse(load_job([str(folder)], jobs=1))
+        assert from_rows == len(analysis.job.dumps) >= 2
+        with monkeypatch.context() as patch:
+            for module in (streams, timeline, rows_module, perfetto_writer):
+                patch.setattr(module, "_speedups", None)
+            convert.write_trace(analysis, str(tmp_path / "python.pftrace"))
+        assert (tmp_path / "python.pftrace").read_bytes() == written

@@ -715,6 +715,7 @@ error:
 static PyObject *str_op_key;
 
 #define MAX_LOOK_FIELDS 16
+#define TIME_LIMIT (1LL << 62) /* times and offsets the layout does in C: no sum of two overflows */
 
 /* An int field of an entry as a long long, in *out; 0 (no error) when it is not an int that fits. */
 static int int_field(PyObject *value, long long *out) {
@@ -753,22 +754,24 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
     if (!takes("lay_out_collectives", nargs, 6)) return NULL;
     PyObject *items = args[0], *slices = args[4];
     Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    long long free_at = PyLong_AsLongLong(args[2]);
     double last_late = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     PyTypeObject *slice_type;
-    long long offset, launch_base;
     PyObject *points, *thread_id, *thread_name, *instants, *last_looks, *enqueue_looks, *references, *roles;
-    PyObject *entry_fields, *look_fields, *prepare;
-    long long late_offset;
+    PyObject *entry_fields, *look_fields, *prepare, *offset_value, *launch_value, *late_offset_value;
     double step;
     if (!PyList_CheckExact(items) || !PyList_CheckExact(slices) ||
-        !PyArg_ParseTuple(args[5], "O!LLO!OOO!O!O!O!OO!O!dOL;lay_out_collectives: bad context", &PyType_Type,
-                          &slice_type, &offset, &launch_base, &PyList_Type, &points, &thread_id, &thread_name,
+        !PyArg_ParseTuple(args[5], "O!OOO!OOO!O!O!O!OO!O!dOO;lay_out_collectives: bad context", &PyType_Type,
+                          &slice_type, &offset_value, &launch_value, &PyList_Type, &points, &thread_id, &thread_name,
                           &PyList_Type, &instants, &PyDict_Type, &last_looks, &PyDict_Type, &enqueue_looks,
                           &PyDict_Type, &references, &roles, &PyTuple_Type, &entry_fields, &PyTuple_Type,
-                          &look_fields, &step, &prepare, &late_offset))
+                          &look_fields, &step, &prepare, &late_offset_value))
         return NULL;
+    /* numbers beyond what C adds without overflow (a stranger's times, clocks): Python's to lay out */
+    long long free_at, offset, launch_base, late_offset;
+    if (!int_field(args[2], &free_at) || !int_field(offset_value, &offset) || !int_field(launch_value, &launch_base) ||
+        !int_field(late_offset_value, &late_offset) || launch_base < 0 || launch_base >= TIME_LIMIT)
+        return PyTuple_Pack(3, args[1], args[2], args[3]);
     if (!PyAnySet_Check(roles)) {
         PyErr_SetString(PyExc_TypeError, "lay_out_collectives: the rank's roles must be a set of op keys");
         return NULL;
@@ -804,6 +807,12 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         if (PyTuple_GetItem(entry, closed_at) != Py_None || !int_field(created_value, &created) ||
             !int_field(completed_value, &completed) || completed == 0 ||
             (started_value != Py_None && !int_field(started_value, &started)))
+            break;
+        /* times beyond what C adds without overflow (a stranger's): Python's */
+        if (created <= -TIME_LIMIT || created >= TIME_LIMIT || started <= -TIME_LIMIT || started >= TIME_LIMIT ||
+            completed <= -TIME_LIMIT || completed >= TIME_LIMIT || offset <= -TIME_LIMIT || offset >= TIME_LIMIT ||
+            free_at <= -TIME_LIMIT || free_at >= TIME_LIMIT || late_offset <= -TIME_LIMIT ||
+            late_offset >= TIME_LIMIT)
             break;
         if (!same(PyTuple_GetItem(entry, thread_id_at), thread_id) ||
             !same(PyTuple_GetItem(entry, thread_name_at), thread_name))
@@ -847,7 +856,8 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         }
         long long late_reference = 0;
         int members = fast && reference != Py_None;
-        if (members) fast = int_field(reference, &late_reference);
+        if (members)
+            fast = int_field(reference, &late_reference) && late_reference > -TIME_LIMIT && late_reference < TIME_LIMIT;
         Py_DECREF(op_key);
         if (PyErr_Occurred()) return NULL;
         if (!fast) break;
@@ -1888,7 +1898,6 @@ static int bytearray_extend(PyObject *target, const Buffer *buffer) {
     return 0;
 }
 
-#define TIME_LIMIT (1LL << 62) /* times and offsets the layout does in C: no sum of two overflows */
 
 PyDoc_STRVAR(lay_out_rows_doc,
              "lay_out_rows(items, position, free, late, slices, context) -> (position, free, late)\n\n"
@@ -1910,21 +1919,26 @@ static PyObject *lay_out_rows(PyObject *module, PyObject *const *args, Py_ssize_
     if (!takes("lay_out_rows", nargs, 6)) return NULL;
     PyObject *items_bytes = args[0], *slices = args[4];
     Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    long long free_at = PyLong_AsLongLong(args[2]);
     double last_late = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     PyObject *columns, *look_columns, *op_keys, *op_kinds, *cache, *points, *instants, *roles, *prepare;
-    long long offset, launch_base, thread, late_offset;
+    PyObject *offset_value, *launch_value, *late_offset_value;
+    long long thread;
     double step;
     if (!PyBytes_CheckExact(items_bytes) || PyBytes_Size(items_bytes) % (Py_ssize_t)sizeof(Item) != 0 ||
         !PyByteArray_CheckExact(slices) ||
-        !PyArg_ParseTuple(args[5], "O!O!SSO!LLO!LO!SdOL;lay_out_rows: bad context", &PyTuple_Type, &columns,
-                          &PyTuple_Type, &look_columns, &op_keys, &op_kinds, &PyByteArray_Type, &cache, &offset,
-                          &launch_base, &PyList_Type, &points, &thread, &PyByteArray_Type, &instants, &roles, &step,
-                          &prepare, &late_offset)) {
+        !PyArg_ParseTuple(args[5], "O!O!SSO!OOO!LO!SdOO;lay_out_rows: bad context", &PyTuple_Type, &columns,
+                          &PyTuple_Type, &look_columns, &op_keys, &op_kinds, &PyByteArray_Type, &cache, &offset_value,
+                          &launch_value, &PyList_Type, &points, &thread, &PyByteArray_Type, &instants, &roles, &step,
+                          &prepare, &late_offset_value)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "lay_out_rows: items are bytes, slices a bytearray");
         return NULL;
     }
+    /* numbers beyond what C adds without overflow (a stranger's times, clocks): Python's to lay out */
+    long long free_at, offset, launch_base, late_offset;
+    if (!int_field(args[2], &free_at) || !int_field(offset_value, &offset) || !int_field(launch_value, &launch_base) ||
+        !int_field(late_offset_value, &late_offset) || launch_base < 0 || launch_base >= TIME_LIMIT)
+        return PyTuple_Pack(3, args[1], args[2], args[3]);
     RowColumns in;
     if (read_row_columns(columns, look_columns, &in) < 0) return NULL;
     Py_ssize_t ops = PyBytes_Size(op_keys) / 8;
@@ -1989,7 +2003,8 @@ static PyObject *lay_out_rows(PyObject *module, PyObject *const *args, Py_ssize_
             int usable = made != Py_None && PyArg_ParseTuple(made, "iiO;lay_out_rows: prepare gives (ran, enqueue, "
                                                                    "reference)", &ran, &enqueue, &reference);
             long long median = 0;
-            if (usable && reference != Py_None) usable = int_field(reference, &median);
+            if (usable && reference != Py_None)
+                usable = int_field(reference, &median) && median > -TIME_LIMIT && median < TIME_LIMIT;
             Py_DECREF(made); /* the ints are read; the reference's value too */
             if (PyErr_Occurred()) goto done;
             looks = (LookCache *)PyByteArray_AsString(cache) + item.op;

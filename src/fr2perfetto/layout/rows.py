@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..base.model import EntriesByRank, Entry, Group, MatchedOp
+from ..base.model import MAX_RANK, EntriesByRank, Entry, Group, MatchedOp
 from ..base.speedups import SPEEDUPS as _speedups
 from ..read.columns import EntryRows
 from ..read.job import Job
@@ -48,7 +48,6 @@ _FIELD_OF = {"op": "op", "thread": "thread_id", "timeout": "timeout_ms", "create
              "started": "time_started_ns", "completed": "time_completed_ns", "duration": "duration_ms"}  # fmt: skip
 _LAYOUT_COLUMNS = ("created", "started", "completed", "thread")
 _FACT_COLUMNS = ("op_id", "record_id", "created", "started", "completed", "duration", "thread")
-MAX_RANK = 1 << 27  # a rank's launch flows (streams.LAUNCH_FLOW_BASE + rank << 32 + op key) stay below 2**63
 
 
 class LookTable:
@@ -73,22 +72,28 @@ class SliceRows(Sequence[Slice]):
     one at a time (``append``: held in ``extras``, a record naming each). A record's ``Slice`` is made when
     asked for, its entry from the rank's entries."""
 
-    __slots__ = ("entries", "extras", "records", "table")
+    __slots__ = ("clamped", "entries", "extras", "records", "table")
 
     def __init__(self, table: LookTable, entries: Sequence[Entry]) -> None:
         self.records = bytearray()
         self.extras: list[Slice] = []
         self.table = table
         self.entries = entries
+        self.clamped = False  # an extra starts beyond what a record holds (a stranger's times)
 
     def __len__(self) -> int:
         return len(self.records) // RECORD.size
 
     def append(self, item: Slice) -> None:
-        # its start only orders it (sort_by_start), its end only says whether it is an instant
-        start = min(max(item.start, _INT64[0] + 1), _INT64[1])
-        self.records += RECORD.pack(start, NO_END if item.end is None else 0, 0, EXTRA, len(self.extras))
         self.extras.append(item)
+        self.records += self._extra_record(item, len(self.extras) - 1)
+
+    def _extra_record(self, item: Slice, number: int) -> bytes:
+        """The record that names an extra: its start orders it (``sort_by_start``), its end says whether it is
+        an instant."""
+        start = min(max(item.start, _INT64[0] + 1), _INT64[1])
+        self.clamped = self.clamped or start != item.start
+        return RECORD.pack(start, NO_END if item.end is None else 0, 0, EXTRA, number)
 
     def _made(self, record: tuple[int, int, int, int, int]) -> Slice:
         start, end, flow, look, row = record
@@ -110,16 +115,18 @@ class SliceRows(Sequence[Slice]):
             self.extras[row] = item
             return
         self.extras.append(item)
-        RECORD.pack_into(self.records, at * RECORD.size, item.start, NO_END if item.end is None else 0, 0, EXTRA,
-                         len(self.extras) - 1)  # fmt: skip
+        self.records[at * RECORD.size : (at + 1) * RECORD.size] = self._extra_record(item, len(self.extras) - 1)
 
     def __iter__(self) -> Iterator[Slice]:
         return map(self._made, RECORD.iter_unpack(bytes(self.records)))
 
     def sort_by_start(self) -> None:
         """Order the slices by start, as a stable sort does."""
-        with memoryview(self.records) as view, view.cast("q") as numbers:
-            starts = numbers[0 :: RECORD.size // 8].tolist()
+        if self.clamped:
+            starts = [item.start for item in self]
+        else:
+            with memoryview(self.records) as view, view.cast("q") as numbers:
+                starts = numbers[0 :: RECORD.size // 8].tolist()
         if starts == sorted(starts):
             return
         order = sorted(range(len(starts)), key=starts.__getitem__)
@@ -221,6 +228,7 @@ def job_rows(job: Job, ops: list[MatchedOp], ranks: Sequence[int]) -> JobRows | 
     speed-ups not built, no such rank, a number past what the arrays hold)."""
     if _speedups is None:
         return None
+    # below MAX_RANK, a rank's launch flows (streams.LAUNCH_FLOW_BASE + rank << 32 + op key) stay below 2**62
     wanted = sorted(rank for rank in ranks if 0 <= rank < MAX_RANK and _columnar(job, rank))
     if not wanted:
         return None
