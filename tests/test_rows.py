@@ -75,6 +75,8 @@ def test_generated_programs_convert_the_same_from_rows(tmp_path: Path, monkeypat
         sim.write_dumps(programs.dumps(scenario), str(folder), json_ranks=scenario.json_ranks)
         _, from_rows = _both_ways(folder, tmp_path, monkeypatch)
         laid_out += from_rows
+        # well formed: every flow with two ends (a queued op's too: seeds 8 and 17 queue batched sends)
+        assert read_trace(str(tmp_path / "rows.pftrace")).processes
     assert laid_out > 24
 
 

@@ -264,7 +264,9 @@ class Looks:
             )  # fmt: skip
             if role is not None:
                 args += (("role", role),)
-            flows = tuple(self.highlights.finding_flows.get(op.op_key, ()))
+            # joined to the op on its other ranks, as what ran of it is: there it carries this flow too
+            own = (op.op_key,) if self._shared(op) else ()
+            flows = own + tuple(self.highlights.finding_flows.get(op.op_key, ()))
             look = self.looks[key] = SliceLook(shown(f"{QUEUED}{title} (behind {holder.title})"), args, flows)
         return look
 
