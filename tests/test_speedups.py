@@ -388,3 +388,28 @@ def test_the_partition_by_group_is_the_same_in_c_and_python():
     pure_groups, pure_unordered = streams._by_group(items, created_at)
     assert fast_groups == pure_groups and len(fast_groups) == 40
     assert fast_unordered == pure_unordered and {g.name for g in fast_unordered} >= {"3", "17"}
+
+
+def test_stragglers_are_judged_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
+    """A group's ops that every member issued are judged in one C pass; the stragglers, their lags and each
+    op's median agree with Python's, clocks aligned or not (generated programs with a late rank, some of
+    their hosts' clocks shifted, and the straggler sample)."""
+    from fr2perfetto.convert import analyse
+    from fr2perfetto.diagnose import stragglers
+
+    from . import programs
+
+    analyses = [analyse(load_job([str(SAMPLES / "nccl" / "straggler")], jobs=1))]
+    analyses += [programs.analyse_documents(programs.dumps(programs.generate(seed, "late"))) for seed in range(12)]
+    found = 0
+    for analysis in analyses:
+        evidence = analysis.diagnosis.evidence
+        assert evidence is not None
+        judged = []
+        for speedups in (SPEEDUPS, None):
+            monkeypatch.setattr(stragglers, "_speedups", speedups)
+            evidence.enqueue_medians = {}
+            judged.append((stragglers.find_stragglers(evidence), evidence.enqueue_medians))
+        assert judged[0] == judged[1] and judged[0][1]
+        found += len(judged[0][0])
+    assert found >= 10

@@ -288,12 +288,15 @@ class EntriesByRank(Mapping[int, list[Entry]]):
 
     __slots__ = ("_count", "_entries", "_ranks", "_rows", "_several")
 
-    def __init__(self, entries: Mapping[int, Sequence[Entry]], ranks: array[int], rows: array[int]) -> None:
+    def __init__(
+        self, entries: Mapping[int, Sequence[Entry]], ranks: array[int], rows: array[int], distinct: bool = False
+    ) -> None:
         self._entries = entries
         self._ranks = ranks
         self._rows = rows
-        # some rank holds several rows (a coalesced group): then a rank is found by its first and last row
-        self._count = len(set(ranks)) if len(ranks) > 1 else len(ranks)  # of ranks, each once
+        # some rank holds several rows (a coalesced group): then a rank is found by its first and last row;
+        # ``distinct``: the caller knows each rank holds one (every member once, say)
+        self._count = len(ranks) if distinct or len(ranks) < 2 else len(set(ranks))  # of ranks, each once
         self._several = self._count < len(ranks)
 
     def __getitem__(self, rank: int) -> list[Entry]:

@@ -15,6 +15,7 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from itertools import pairwise, repeat
+from operator import lt
 from typing import Any
 
 from ..base.model import (
@@ -94,10 +95,14 @@ def match_ops(job: Job) -> list[MatchedOp]:
     ops: list[MatchedOp] = []
     scans: dict[int, tuple[bool, int, str | None]] = {}  # id(op) -> (alike, pending, its op name if known)
     entries_of = {rank: dump.entries for rank, dump in job.dumps.items()}
+    # each group's members as the matcher files ranks (int32 bytes): an op every member issued once is
+    # found by one comparison (the common case), its absent members by none
+    members = list(map(_member_bytes, groups))
     filed.reverse()
     while filed:  # each op's rows let go as they become its arrays: never held twice across the job
         group_index, seq, ranks_filed, rows, scanned = filed.pop()
-        entries = EntriesByRank(entries_of, array("i", ranks_filed), array("I", rows))
+        every_member = ranks_filed == members[group_index]
+        entries = EntriesByRank(entries_of, array("i", ranks_filed), array("I", rows), distinct=every_member)
         known: str | None = None  # its op's name, where every rank issued the same op
         if scanned is not None:
             first_time, alike, pending, created_bytes, states, name_index = scanned
@@ -109,7 +114,8 @@ def match_ops(job: Job) -> list[MatchedOp]:
             group=groups[group_index], kind="collective", seq=seq, entries=entries, first_time_ns=first_time,
             created_ns=created, states=states,
         )  # fmt: skip
-        _find_absent(op, job, covered)
+        if not every_member:
+            _find_absent(op, job, covered)
         ops.append(op)
         scans[id(op)] = (alike, pending, known)
     for pair in pair_ops(job, p2p_by_rank):
@@ -132,6 +138,15 @@ def match_ops(job: Job) -> list[MatchedOp]:
             op.name = head_entry(op.entries[next(iter(op.entries))]).op if alike else majority_op(op.entries)
         classify(op, alike, pending)
     return ops
+
+
+def _member_bytes(group: Group) -> bytes | None:
+    """A group's members as the matcher files an op's ranks (ascending int32 bytes); None where a stranger's
+    config lists them out of order, twice, or beyond what the matcher files."""
+    members = group.members
+    if not all(map(lt, members, members[1:])) or (members and not 0 <= members[0] <= members[-1] < 2**31):
+        return None
+    return array("i", members).tobytes()
 
 
 def _held_as_rows(
