@@ -114,8 +114,11 @@ def test_the_array_operations_are_the_same_in_c_and_python():
         assert SPEEDUPS.gather(ids, table, width) == columns.gather_in_python(ids, table, width)
     assert SPEEDUPS.first_uses(ids) == columns.first_uses_in_python(ids) == [3, 1, 0, 2]
     assert SPEEDUPS.first_uses(b"") == columns.first_uses_in_python(b"") == []
-    with pytest.raises(ValueError, match="past the table"):
-        SPEEDUPS.gather(bytes(columns.array("I", [9])), table, 4)
+    for gather in (SPEEDUPS.gather, columns.gather_in_python):  # an id past the table: an error in both
+        with pytest.raises(ValueError, match="past the table"):
+            gather(bytes(columns.array("I", [9])), table, 4)
+        with pytest.raises(ValueError, match="a table of width 1 to 8"):
+            gather(ids, table, 3)
     # a rank's ids remapped to the job's tables as it is merged in: in C, and as a map without it
     remapped = columns._remapped(columns.array("I", ids), [5, 7, 9, 4])
     with mock.patch.object(columns, "_speedups", None):

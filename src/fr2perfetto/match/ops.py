@@ -88,7 +88,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
     for (rank, dump), rows in zip(job.dumps.items(), p2p_rows, strict=True):
         if rows:
             p2p_by_rank[rank] = p2p_entries = entries_at(dump.entries, array("I", rows))
-            p2p_row_of.update(zip(map(id, p2p_entries), zip(repeat(rank), array("I", rows)), strict=False))
+            p2p_row_of.update(zip(map(id, p2p_entries), zip(repeat(rank), array("I", rows)), strict=True))
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
                 _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
 

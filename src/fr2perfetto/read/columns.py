@@ -163,8 +163,14 @@ def _from_bytes(kind: str, chunk: bytes) -> array[Any]:
 
 
 def gather_in_python(ids: bytes, table: bytes, width: int) -> bytes:
-    """``table``'s item ``ids[i]`` (``width`` bytes each) for each uint32 of ``ids``; ``_speedups.gather``."""
-    return b"".join(table[width * i : width * i + width] for i in _from_bytes("I", ids))
+    """``table``'s item ``ids[i]`` (``width`` bytes each) for each uint32 of ``ids``; ``_speedups.gather``.
+    An id past the table is a ValueError, as there."""
+    if not 1 <= width <= 8 or len(ids) % 4 or len(table) % width:
+        raise ValueError("gather: ids of 4 bytes, a table of width 1 to 8")
+    numbers = _from_bytes("I", ids)
+    if numbers and max(numbers) >= len(table) // width:
+        raise ValueError("gather: an id past the table")
+    return b"".join(table[width * i : width * i + width] for i in numbers)
 
 
 def first_uses_in_python(ids: bytes) -> list[int]:
