@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -299,6 +300,28 @@ def test_a_folder_whose_ranks_say_how_they_ended(tmp_path: Path):
         result, stdout, stderr = run_cli("watch", str(folder), "--every", "0.2")
         assert result == code and said in stdout, stderr
         assert time.monotonic() - started < 15
+
+
+def test_a_folder_whose_job_ended_with_its_stacks_standing_still_is_let_go_not_caught(tmp_path: Path):
+    """The debug server's last snapshots stand still (its ranks waited in their last op) and then stop: when
+    the stall has run, the workers they name are asked before any evidence is taken, and they are gone."""
+    stacks = (ROOT / "samples" / "gloo" / "pipeline_healthy" / "stacks_20261204_201557.txt").read_text()
+    ports = iter([free_port() for _ in range(4)])  # nothing listens there any more: the workers went away
+    text = "".join(part if index % 2 == 0 else f"http://127.0.0.1:{next(ports)}"
+                   for index, part in enumerate(re.split(r"(http://127\.0\.0\.1:\d+)", stacks)))  # fmt: skip
+    folder = tmp_path / "debug"
+    folder.mkdir()
+
+    def write() -> None:  # three snapshots alike, named as the server names them, then nothing
+        for later in range(3):
+            name = time.strftime("stacks_%Y%m%d_%H%M%S.txt", time.localtime(time.time() + later))
+            (folder / name).write_text(text)
+
+    _later(0.5, write)
+    evidence = tmp_path / "evidence"
+    result, stdout, stderr = run_cli("watch", str(folder), "--stall", "2", "--every", "0.2", "--out", str(evidence))
+    assert result == 0 and stdout.startswith(f"the job ended: nothing new was written into {folder}"), stderr
+    assert "workers went away" in stdout and "taking the evidence" not in stderr
 
 
 # Real jobs: 4 gloo ranks under PyTorch's debug server, all-reducing every 0.2 s

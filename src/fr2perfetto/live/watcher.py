@@ -232,17 +232,28 @@ def _watch_folder(run: _Run, folder: str) -> Outcome:
             elif not source.workers:
                 gone = quiet >= max(SILENCE_FLOOR, 4 * interval)
             if gone:
-                watched = _watched(progress, now, started)
-                why = "its debug server's workers went away" if source.workers else "its writers stopped with it"
-                summary = (f"the job ended: nothing new was written into {folder} for {quiet:.0f} s ({why}); "
-                           f"{watched}")  # fmt: skip
-                return _outcome(run, 0, summary, now, started, rounds, 0, len(progress.ranks))
+                return _folder_ended(run, progress, source, folder, now, started, rounds)
         if status.stalled and progress.last_progress != caught:
+            # a job that ended and one that stands still look alike in a folder until its workers are asked:
+            # its last stacks may have stood still for the stall before the next quiet spell's question
+            if source.workers and source.last_new is not None and workers_gone(source.workers, settings.timeout):
+                return _folder_ended(run, progress, source, folder, now, started, rounds)
             caught = progress.last_progress
             hang = _catch(run, progress, now, lambda out: _take_folder(run, source, out))
             if not settings.keep_going:
                 return _caught(run, hang, now, started, rounds, 0, len(progress.ranks))
         clock.sleep(max(0.0, settings.every - (clock.now() - began)))
+
+
+def _folder_ended(
+    run: _Run, progress: Progress, source: FolderSource, folder: str, now: float, started: float, rounds: int
+) -> Outcome:
+    """A watched folder's job ended: nothing new was written there, and its workers went away (or, where its
+    snapshots name none, nothing was written for long enough)."""
+    quiet = now - (source.last_new or now)
+    why = "its debug server's workers went away" if source.workers else "its writers stopped with it"
+    summary = f"the job ended: nothing new was written into {folder} for {quiet:.0f} s ({why}); "
+    return _outcome(run, 0, summary + _watched(progress, now, started), now, started, rounds, 0, len(progress.ranks))
 
 
 def _observe(run: _Run, progress: Progress, now: float, answers: dict[int, Sample | Failure]) -> Status:
