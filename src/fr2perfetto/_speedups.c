@@ -740,6 +740,48 @@ static PyObject *new_slice(const Maker *maker, PyObject *start, PyObject *end, P
     return made;
 }
 
+/* The numbers a layout adds in C (the stream's free time, the clock offsets, the launch flows' base), read
+ * from Python ints: 1, or 0 where one is not an int below what C adds without overflow (a stranger's times,
+ * clocks), and the layout is then Python's. */
+static int layout_numbers(PyObject *free_value, PyObject *offset_value, PyObject *launch_value,
+                          PyObject *late_offset_value, long long *free_at, long long *offset, long long *launch_base,
+                          long long *late_offset) {
+    return int_field(free_value, free_at) && int_field(offset_value, offset) &&
+           int_field(launch_value, launch_base) && int_field(late_offset_value, late_offset) &&
+           *launch_base >= 0 && *launch_base < TIME_LIMIT;
+}
+
+/* As streams._ran, for a completed op on a stream nothing holds: from its start (``started``, where
+ * ``has_start``; else its enqueue, where start events are off), no earlier than the stream was free, to its
+ * completion, at least 1 ns; everything on the common clock (``offset`` subtracted). The stream is then
+ * free from its end. */
+static void ran_span(long long created_here, long long started, int has_start, long long completed,
+                     long long offset, long long *free_at, long long *start, long long *end) {
+    *start = has_start ? started - offset : created_here;
+    if (*start < *free_at) *start = *free_at;
+    long long done = completed - offset;
+    *end = done > *start ? done : *start + 1;
+    *free_at = *end;
+}
+
+/* As Looks.lateness: ms after the members' median (``reference``, on the group's clock, which the rank's
+ * runs ``late_offset`` ahead of), never below 0, in steps; a point added to ``points`` where the value
+ * changes. 0, or -1 with an error set. */
+static int add_lateness(PyObject *points, long long created_here, long long created, long long late_offset,
+                        long long reference, double step, double *last_late) {
+    double late = (double)(created - late_offset - reference) / 1e6;
+    double value = late > 0 ? nearbyint(late / step) * step : 0.0;
+    if (value == *last_late) return 0;
+    PyObject *point = Py_BuildValue("(Ld)", created_here, value);
+    if (point == NULL || PyList_Append(points, point) < 0) {
+        Py_XDECREF(point);
+        return -1;
+    }
+    Py_DECREF(point);
+    *last_late = value;
+    return 0;
+}
+
 PyDoc_STRVAR(lay_out_collectives_doc,
              "lay_out_collectives(items, position, free, late, slices, context) -> (position, free, late)\n\n"
              "streams._group's common case, from ``position`` on: a completed collective a rank issued as one\n"
@@ -768,11 +810,10 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
                           &PyDict_Type, &references, &roles, &PyTuple_Type, &entry_fields, &PyTuple_Type,
                           &look_fields, &step, &prepare, &late_offset_value))
         return NULL;
-    /* numbers beyond what C adds without overflow (a stranger's times, clocks): Python's to lay out */
     long long free_at, offset, launch_base, late_offset;
-    if (!int_field(args[2], &free_at) || !int_field(offset_value, &offset) || !int_field(launch_value, &launch_base) ||
-        !int_field(late_offset_value, &late_offset) || launch_base < 0 || launch_base >= TIME_LIMIT)
-        return PyTuple_Pack(3, args[1], args[2], args[3]);
+    if (!layout_numbers(args[2], offset_value, launch_value, late_offset_value, &free_at, &offset, &launch_base,
+                        &late_offset))
+        return PyTuple_Pack(3, args[1], args[2], args[3]); /* Python's to lay out */
     if (!PyAnySet_Check(roles)) {
         PyErr_SetString(PyExc_TypeError, "lay_out_collectives: the rank's roles must be a set of op keys");
         return NULL;
@@ -862,14 +903,9 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         Py_DECREF(op_key);
         if (PyErr_Occurred()) return NULL;
         if (!fast) break;
-        /* as streams._ran: from its start (or its enqueue, where start events are off), no earlier than
-         * the stream was free, to its completion; everything on the common clock */
-        long long created_here = created - offset;
-        long long start = started_value != Py_None && started != 0 ? started - offset : created_here;
-        if (start < free_at) start = free_at;
-        long long done = completed - offset;
-        long long end = done > start ? done : start + 1;
-        free_at = end;
+        long long created_here = created - offset, start, end;
+        ran_span(created_here, started, started_value != Py_None && started != 0, completed, offset, &free_at,
+                 &start, &end);
         PyObject *flow = PyLong_FromLongLong(launch_base + key), *flows = flow ? PyTuple_Pack(1, flow) : NULL;
         Py_XDECREF(flow);
         if (flows == NULL) return NULL;
@@ -890,20 +926,8 @@ static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py
         Py_XDECREF(ran);
         Py_XDECREF(enqueued);
         if (failed) return NULL;
-        if (members) {
-            /* as Looks.lateness: ms after the members' median, never below 0, in steps */
-            double late = (double)(created - late_offset - late_reference) / 1e6;
-            double value = late > 0 ? nearbyint(late / step) * step : 0.0;
-            if (value != last_late) {
-                PyObject *point = Py_BuildValue("(Ld)", created_here, value);
-                if (point == NULL || PyList_Append(points, point) < 0) {
-                    Py_XDECREF(point);
-                    return NULL;
-                }
-                Py_DECREF(point);
-                last_late = value;
-            }
-        }
+        if (members && add_lateness(points, created_here, created, late_offset, late_reference, step, &last_late) < 0)
+            return NULL;
     }
     return Py_BuildValue("(nLd)", position, free_at, last_late);
 }
@@ -1935,11 +1959,10 @@ static PyObject *lay_out_rows(PyObject *module, PyObject *const *args, Py_ssize_
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "lay_out_rows: items are bytes, slices a bytearray");
         return NULL;
     }
-    /* numbers beyond what C adds without overflow (a stranger's times, clocks): Python's to lay out */
     long long free_at, offset, launch_base, late_offset;
-    if (!int_field(args[2], &free_at) || !int_field(offset_value, &offset) || !int_field(launch_value, &launch_base) ||
-        !int_field(late_offset_value, &late_offset) || launch_base < 0 || launch_base >= TIME_LIMIT)
-        return PyTuple_Pack(3, args[1], args[2], args[3]);
+    if (!layout_numbers(args[2], offset_value, launch_value, late_offset_value, &free_at, &offset, &launch_base,
+                        &late_offset))
+        return PyTuple_Pack(3, args[1], args[2], args[3]); /* Python's to lay out */
     RowColumns in;
     if (read_row_columns(columns, look_columns, &in) < 0) return NULL;
     Py_ssize_t ops = PyBytes_Size(op_keys) / 8;
@@ -2018,34 +2041,17 @@ static PyObject *lay_out_rows(PyObject *module, PyObject *const *args, Py_ssize_
             memcpy(looks->signature, signature, (size_t)size);
             looks->known = 1;
         }
-        /* as streams._ran: from its start (or its enqueue, where start events are off), no earlier than
-         * the stream was free, to its completion; everything on the common clock */
-        long long created_here = created - offset;
-        long long start = started > 0 ? started - offset : created_here;
-        if (start < free_at) start = free_at;
-        long long done_at = completed - offset;
-        long long end = done_at > start ? done_at : start + 1;
-        free_at = end;
+        long long created_here = created - offset, start, end;
+        ran_span(created_here, started, started > 0, completed, offset, &free_at, &start, &end); /* None is -1 */
         uint64_t flow = (uint64_t)launch_base + (uint64_t)key;
         Record ran = {start, end, flow, looks->ran, (int32_t)row};
         Record enqueued = {created_here, NO_END, flow, looks->enqueue, -1};
         if (buffer_put(&ran_out, (const char *)&ran, (Py_ssize_t)sizeof ran) < 0 ||
             buffer_put(&enqueued_out, (const char *)&enqueued, (Py_ssize_t)sizeof enqueued) < 0)
             goto done;
-        if (looks->has_reference) {
-            /* as Looks.lateness: ms after the members' median, never below 0, in steps */
-            double late = (double)(created - late_offset - looks->reference) / 1e6;
-            double value = late > 0 ? nearbyint(late / step) * step : 0.0;
-            if (value != last_late) {
-                PyObject *point = Py_BuildValue("(Ld)", created_here, value);
-                if (point == NULL || PyList_Append(points, point) < 0) {
-                    Py_XDECREF(point);
-                    goto done;
-                }
-                Py_DECREF(point);
-                last_late = value;
-            }
-        }
+        if (looks->has_reference &&
+            add_lateness(points, created_here, created, late_offset, looks->reference, step, &last_late) < 0)
+            goto done;
     }
     if (bytearray_extend(slices, &ran_out) == 0 && bytearray_extend(instants, &enqueued_out) == 0)
         result = Py_BuildValue("(nLd)", position, free_at, last_late);
