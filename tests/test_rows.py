@@ -15,7 +15,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from fr2perfetto import convert
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import rows as rows_module
-from fr2perfetto.layout import streams, timeline
+from fr2perfetto.layout import streams
 from fr2perfetto.layout.rows import HELD_ROW, ITEM, MISSING_ROW, LookTable, SliceRows
 from fr2perfetto.layout.scene import Slice, SliceLook
 from fr2perfetto.read.job import load_job
@@ -198,7 +198,21 @@ def test_strangers_dumps_convert_the_same_from_rows_from_items_and_in_python(
         analysis = convert.analyse(load_job([str(folder)], jobs=1))
         assert from_rows == len(analysis.job.dumps) >= 2
         with monkeypatch.context() as patch:
-            for module in (streams, timeline, rows_module, perfetto_writer):
+            for module in (streams, rows_module, perfetto_writer):
                 patch.setattr(module, "_speedups", None)
             convert.write_trace(analysis, str(tmp_path / "python.pftrace"))
         assert (tmp_path / "python.pftrace").read_bytes() == written
+
+
+@needs_speedups
+def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
+    """A slice the C encoder leaves to Python, whose encoding raises: the write stops with that error."""
+    import io
+
+    dump = load_job([str(SAMPLES / "nccl" / "demo")], jobs=1).dumps[0]
+    held = SliceRows(LookTable(), dump.entries)
+    held.append(Slice(10, None, SliceLook("queued", ())))
+    writer = perfetto_writer.PerfettoWriter(io.BytesIO())
+    monkeypatch.setattr(writer, "_slice_packets", lambda item, codes: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writer.slices(42, held)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import io
 import json
 import os
 import pickle
@@ -14,18 +13,15 @@ from array import array
 from pathlib import Path
 
 import pytest
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import fr2perfetto
-from fr2perfetto.base.model import EntriesByRank, Entry, Group, MatchedOp
+from fr2perfetto.base.model import EntriesByRank, Entry
 from fr2perfetto.base.speedups import SPEEDUPS
-from fr2perfetto.layout import rows, streams, timeline
-from fr2perfetto.layout.scene import Slice, SliceLook
+from fr2perfetto.layout import rows, streams
 from fr2perfetto.match import ops as match
 from fr2perfetto.read import columns, reader
 from fr2perfetto.read.job import load_job
 from fr2perfetto.render import perfetto as perfetto_writer
-from fr2perfetto.render.perfetto import PerfettoWriter
 
 from .conftest import run_cli
 from .helpers import NOW
@@ -37,12 +33,12 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 def test_the_speedups_are_built():
     # `make test` installs with a C compiler at hand; without one fr2perfetto still works, slower.
-    for module in (reader, match, rows, streams, timeline, perfetto_writer):
+    for module in (reader, match, rows, streams, perfetto_writer):
         assert module._speedups is not None, "fr2perfetto._speedups was not built (no C compiler?)"
 
 
 def _without_speedups(patch: pytest.MonkeyPatch) -> None:
-    for module in (reader, match, rows, streams, timeline, perfetto_writer):
+    for module in (reader, match, rows, streams, perfetto_writer):
         patch.setattr(module, "_speedups", None)
 
 
@@ -69,60 +65,6 @@ def test_samples_read_match_and_convert_the_same_with_and_without_speedups(
     assert fast_report == pure_report and json.loads(fast_report)["findings"]
     trace = read_trace(str(tmp_path / "fast.pftrace"))
     assert len(trace.all_slices()) >= 5 and trace.flows
-
-
-def _edge_slices() -> list[Slice]:
-    """Slices that take the fast path and slices that each leave it for one reason."""
-    timed = SliceLook("all_reduce #1", (("group", "default_pg"), ("count", 3)), flow_ids=(5,), correlation_id=5)
-    untimed = SliceLook("broadcast #2", (("group", "tp"),), timed=False)
-    plain = SliceLook("summary", (("note", "folded"),))
-    slices = []
-    for look in (timed, untimed, timed, untimed):  # the second time round, the looks are encoded
-        slices += [
-            Slice(NOW, NOW + 100, look, _entry(), _entry()),
-            Slice(NOW + 200, NOW + 300, look, _entry(op_id=8, record_id=8), _entry(op_id=8, record_id=8)),
-            Slice(NOW + 400, NOW + 500, look, _entry(), _entry(time_started_ns=None, time_completed_ns=None)),
-            Slice(NOW + 600, NOW + 700, look, _entry(), _entry(duration_ms=None)),
-            Slice(NOW + 800, NOW + 900, look, _entry(thread_id="", thread_name="")),
-            Slice(NOW + 1000, NOW + 1100, look, _entry(thread_id="13"), _entry()),
-            Slice(5, 6, look, _entry(time_created_ns=5), _entry(time_started_ns=5, time_completed_ns=6)),
-            Slice(NOW + 1200, NOW + 1300, look, _entry(op_id=2**63 - 1, record_id=0), _entry()),
-            Slice(NOW + 1400, NOW + 1500, look),
-            Slice(NOW + 1600, None, look),
-        ]
-    slices.append(Slice(NOW + 1800, NOW + 1900, plain))
-    return slices
-
-
-def _write(slices: list[Slice], monkeypatch: pytest.MonkeyPatch, pure: bool) -> tuple[bytes, int, int]:
-    with monkeypatch.context() as patch:
-        if pure:
-            patch.setattr(perfetto_writer, "_speedups", None)
-        out = io.BytesIO()
-        writer = PerfettoWriter(out)
-        writer.slices(42, slices[: len(slices) // 2])
-        writer.slices(43, slices[len(slices) // 2 :])
-    return out.getvalue(), writer.stats.slices, writer.stats.markers
-
-
-def test_every_kind_of_slice_encodes_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
-    fast, fast_slices, fast_markers = _write(_edge_slices(), monkeypatch, pure=False)
-    pure, pure_slices, pure_markers = _write(_edge_slices(), monkeypatch, pure=True)
-    assert (fast_slices, fast_markers) == (pure_slices, pure_markers) == (37, 4)
-    assert fast == pure
-    trace = pb.Trace.FromString(fast)
-    events = [p.track_event for p in trace.packet if p.HasField("track_event")]
-    assert sum(e.type == pb.TrackEvent.TYPE_SLICE_BEGIN for e in events) == 37
-    assert {e.track_uuid for e in events} == {42, 43}
-
-
-def test_a_fallback_that_fails_stops_the_write(monkeypatch: pytest.MonkeyPatch):
-    if perfetto_writer._speedups is None:
-        pytest.skip("built without the C speed-ups")
-    writer = PerfettoWriter(io.BytesIO())
-    monkeypatch.setattr(writer, "_slice_packets", lambda item, codes: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        writer.slices(42, [Slice(NOW, None, SliceLook("queued", ()), _entry(), _entry())])  # an instant with facts
 
 
 def test_the_c_reader_reads_a_dump_pytorch_wrote_without_the_python_reader(monkeypatch: pytest.MonkeyPatch):
@@ -279,28 +221,6 @@ def test_entries_are_made_at_rows_the_same_in_c_and_python():
         SPEEDUPS.entries_from_columns(Entry, 5, sources, b"\x00")  # not whole uint32s
 
 
-@pytest.mark.parametrize("sample", ["nccl/pipeline_1f1b", "nccl/pipeline_batched", "nccl/demo", "gloo/skip"])
-def test_each_ranks_ops_are_indexed_the_same_in_c_and_python(sample: str, monkeypatch: pytest.MonkeyPatch):
-    """The layout's index of every rank's ops and entries, from ops that hold rows (collectives), entries
-    (sends and recvs) or entries linked into coalesced groups, and ranks that never issued one."""
-    job = load_job([str(SAMPLES / sample)], jobs=1)
-    ops = match.match_ops(job)
-
-    def indexed(ranks: set[int] | None = None) -> dict[int, list[tuple[int, list[Entry]]]]:
-        return {rank: [(op.op_key, entries) for op, entries in items]
-                for rank, items in timeline.ops_by_rank(ops, ranks).items()}  # fmt: skip
-
-    in_c = indexed()
-    some = set(list(in_c)[1::2])  # as a writing process indexes its own ranks
-    some_in_c = indexed(some)
-    monkeypatch.setattr(timeline, "_speedups", None)
-    assert indexed() == in_c and sum(map(len, in_c.values())) >= sum(len(d.entries) for d in job.dumps.values()) // 2
-    assert indexed(some) == some_in_c == {rank: items for rank, items in in_c.items() if rank in some}
-    assert timeline.items_per_rank(ops) == {rank: len(items) for rank, items in in_c.items()}
-    for rank, items in in_c.items():  # each rank's own entries, in the order of the ops
-        assert all(entry.rank == rank for _, entries in items for entry in entries)
-
-
 def _match_inputs() -> tuple[dict[int, list[Entry]], list[match.RankInput], bytes, bytes]:
     """Three ranks' inputs to the collective matcher: ops every rank issued alike, one whose sizes
     differ, a coalesced group (two rows of one rank for one op), a row inside a coalesced group, a gloo
@@ -367,27 +287,6 @@ def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
             SPEEDUPS.match_collectives(bad, 2, op_names, untracked, *fixed)
     with pytest.raises(ValueError, match="no group known"):
         match._match_collectives_in_python(no_group, 2, op_names, untracked, *fixed)
-
-
-def test_the_partition_by_group_is_the_same_in_c_and_python():
-    """More groups than the C side keeps at hand (40), met in turn, and groups whose ops come out of
-    the order the rank enqueued them."""
-    groups = [Group(str(g), f"g{g}", (0, 1), 0, "0-1") for g in range(20)]
-    twins = [Group(str(g), f"g{g}", (0, 1), 0, "0-1") for g in range(20)]  # other groups: compared by identity
-    items = []
-    for position in range(400):
-        g = (position * 7) % 20
-        group = groups[g] if position % 3 else twins[g]
-        created = NOW + position * 1000 - (50_000 if g in (3, 17) and (position // 20) % 2 else 0)
-        entry = _entry(time_created_ns=created)
-        op = MatchedOp(group, "collective", position, {0: [entry]}, op_key=position)
-        op.first_time_ns = created
-        items.append((op, [entry] if position % 11 else []))
-    created_at = Entry._fields.index("time_created_ns")
-    fast_groups, fast_unordered = SPEEDUPS.by_group(items, created_at)
-    pure_groups, pure_unordered = streams._by_group(items, created_at)
-    assert fast_groups == pure_groups and len(fast_groups) == 40
-    assert fast_unordered == pure_unordered and {g.name for g in fast_unordered} >= {"3", "17"}
 
 
 def test_stragglers_are_judged_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):

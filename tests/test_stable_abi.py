@@ -5,18 +5,14 @@ a Python that caches a tuple's hash (3.14 on) would give 0 for one made without 
 from __future__ import annotations
 
 import configparser
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fr2perfetto import api
 from fr2perfetto.base.model import Entry
 from fr2perfetto.base.speedups import SPEEDUPS
-from fr2perfetto.layout import streams
 from fr2perfetto.read import columns, reader
 
 from .conftest import ROOT
@@ -68,23 +64,3 @@ def test_entries_made_from_columns_hash_as_python_makes_them():
     made_in_c = columns.to_entries(made, SPEEDUPS.entries_from_columns)
     assert all(_hashes_as_python_makes_it(e) for e in made_in_c)
     assert set(made_in_c) == set(columns.to_entries(made, columns.entries_in_python))
-
-
-def test_slices_the_c_layout_makes_hash_as_python_makes_them(monkeypatch: pytest.MonkeyPatch):
-    assert SPEEDUPS is not None
-    laid: list[Any] = []
-
-    def lay_out_collectives(*args: Any) -> Any:
-        result = SPEEDUPS.lay_out_collectives(*args)
-        laid.extend(args[4])  # the slices, and the thread's instants (in the context)
-        laid.extend(args[5][6])
-        return result
-
-    fast = type("Speedups", (), {name: staticmethod(getattr(SPEEDUPS, name)) for name in dir(SPEEDUPS)})
-    fast.lay_out_collectives = staticmethod(lay_out_collectives)  # type: ignore[attr-defined]
-    monkeypatch.setattr(streams, "_speedups", fast)
-    loaded = api.load(str(SAMPLES / "nccl" / "demo"), jobs=1)
-    with tempfile.TemporaryDirectory() as folder:
-        api.write_trace(loaded, os.path.join(folder, "demo.pftrace"), full=True)
-    assert len(laid) > 100
-    assert all(_hashes_as_python_makes_it(s) for s in laid)

@@ -16,6 +16,9 @@ import pytest
 from fr2perfetto.base.model import MISSING, STUCK, Entry, Group, MatchedOp
 from fr2perfetto.layout.looks import QUEUED, Highlights, Looks
 from fr2perfetto.layout.streams import LAUNCH_FLOW_BASE, lay_out
+from fr2perfetto.layout.timeline import items_per_rank, ops_by_rank
+from fr2perfetto.match.ops import match_ops
+from fr2perfetto.read.job import load_job
 
 from .conftest import ROOT, run_cli
 from .helpers import NOW
@@ -199,3 +202,27 @@ def test_the_readmes_picture_draws_streams_threads_and_counters(tmp_path: Path):
     assert "rank 5 · CULPRIT · tp · pg 2 · 4 ranks" in labels and "rank 0 · send/recv with rank 4" in labels
     assert sum(1 for label in labels if label.startswith("enqueue lateness")) == svg.count("<polyline")
     assert svg.count("<polyline") == sum(1 for label in labels if " · pg " in label and "lateness" not in label)
+
+
+@pytest.mark.parametrize("sample", ["nccl/pipeline_1f1b", "nccl/pipeline_batched", "nccl/demo", "gloo/skip"])
+def test_each_ranks_ops_are_indexed_with_its_own_entries(sample: str):
+    """The layout's index of every rank's ops and entries, from ops that hold rows (collectives), entries
+    (sends and recvs) or entries linked into coalesced groups, and ranks that never issued one; a writing
+    process indexes only its own ranks, and finds the same for them; no entry stands in two ops."""
+    job = load_job([str(ROOT / "samples" / sample)], jobs=1)
+    ops = match_ops(job)
+
+    def indexed(ranks: set[int] | None = None) -> dict[int, list[tuple[int, list[Entry]]]]:
+        index = ops_by_rank(ops, ranks)
+        return {rank: [(op.op_key, entries) for op, entries in items] for rank, items in index.items()}
+
+    every = indexed()
+    assert sorted(every) == sorted(job.dumps) and sum(map(len, every.values())) >= len(ops)
+    some = set(list(every)[1::2])
+    assert indexed(some) == {rank: items for rank, items in every.items() if rank in some}
+    assert items_per_rank(ops) == {rank: len(items) for rank, items in every.items()}
+    for rank, items in every.items():  # each rank's own entries, in the order of the ops, each once
+        assert all(entry.rank == rank for _, entries in items for entry in entries)
+        assert [key for key, _ in items] == sorted(key for key, _ in items)
+        held = [entry for _, entries in items for entry in entries]
+        assert len(held) == len(set(held)) <= len(job.dumps[rank].entries)

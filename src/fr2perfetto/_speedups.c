@@ -9,23 +9,12 @@
  *   what pickle_columns read into columns.
  * - entries_from_columns() is columns.entries_in_python: entries made field by field from a rank's columns.
  * - match_collectives() is match._match_collectives_in_python: every rank's collectives filed by
- *   (group, seq) from their columns; scan_op() is match._scan_in_python for an op where every rank
- *   holds one entry, read from the entries.
- * - ops_by_rank() is timeline.ops_by_rank for every rank, the ops of each rank;
- * - by_group() is streams._by_group, the partition of a rank's ops by group;
- * - lay_out_collectives() lays out a rank's completed collectives as streams._group does, for those
- *   whose looks are made; every other op goes back to streams.
+ *   (group, seq) from their columns.
  * - rank_items(), rank_groups(), lay_out_rows() and encode_rows() lay out and write a rank's ops from its
  *   columns (layout.rows): its items as (op, row) pairs, partitioned by group, the common op laid out
- *   and written as a record, never as an object. Their twin is the object path as a whole (ops_by_rank,
- *   by_group, lay_out_collectives, encode_slices and Python's): the trace is the same, byte for byte.
+ *   and written as a record, never as an object. Their twin is the object path of layout.streams and
+ *   render.perfetto as a whole (timeline.ops_by_rank, Slice lists): the trace is the same, byte for byte.
  * - group_lateness() is the loop of stragglers.find_stragglers over a group's ops that every member issued.
- * - scan_pickle() is pickle_shape.scan: how deep and how large what a pickle describes would be,
- *   measured on a model of the unpickler's stack before anything is unpickled.
- * - encode_slices() writes the bytes PerfettoWriter._slice_packets writes, for a slice whose look the
- *   writer has already encoded, whose ids and thread it has already met, and whose times are nine-byte
- *   varints, and for an instant that stands for no entry (an enqueue); everything else goes to the
- *   Python fallback it is given.
  *
  * Only the stable ABI of Python 3.10 is used (the limited API): one build, tagged cp310-abi3, loads on
  * every CPython from 3.10 on, so a wheel need not be made for each Python. Items of lists and tuples
@@ -104,14 +93,6 @@ static PyObject *lookup(PyObject *table, PyObject *key) {
     PyObject *found = PyDict_GetItemWithError(table, key);
     if (found == NULL) PyErr_Clear();
     return found;
-}
-
-/* 1 when a and b are equal as a dict lookup compares keys; 0 when not, or when they cannot be compared. */
-static int same(PyObject *a, PyObject *b) {
-    if (a == b) return 1;
-    int equal = PyObject_RichCompareBool(a, b, Py_EQ);
-    if (equal < 0) PyErr_Clear();
-    return equal > 0;
 }
 
 PyDoc_STRVAR(entries_from_columns_doc,
@@ -289,31 +270,6 @@ done:
 }
 
 /* ---- matching ------------------------------------------------------------------------------------ */
-
-/* Indices of Entry's fields, checked against the entries: every entry must be a tuple this long. */
-static int read_indices(PyObject *tuple, Py_ssize_t *indices, Py_ssize_t count, Py_ssize_t *needed) {
-    if (!PyTuple_CheckExact(tuple) || LENGTH(tuple) != count) {
-        PyErr_SetString(PyExc_TypeError, "bad tuple of entry field indices");
-        return -1;
-    }
-    *needed = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        indices[i] = PyLong_AsSsize_t(PyTuple_GetItem(tuple, i));
-        if (indices[i] == -1 && PyErr_Occurred()) return -1;
-        if (indices[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "negative entry field index");
-            return -1;
-        }
-        if (indices[i] + 1 > *needed) *needed = indices[i] + 1;
-    }
-    return 0;
-}
-
-static int is_entry(PyObject *entry, Py_ssize_t needed) {
-    if (PyTuple_Check(entry) && LENGTH(entry) >= needed) return 1;
-    PyErr_SetString(PyExc_TypeError, "not an entry");
-    return 0;
-}
 
 PyDoc_STRVAR(match_collectives_doc,
              "match_collectives(ranks, group_count, op_names, untracked, states, completed, scheduled)\n"
@@ -633,89 +589,8 @@ error:
     return result;
 }
 
-PyDoc_STRVAR(scan_op_doc,
-             "scan_op(entries_by_rank, fields, completed, scheduled, untracked_backends) -> tuple | None\n\n"
-             "match._scan_in_python for an op where every rank holds one entry: (first time, alike,\n"
-             "pending, creation times, states); None when some rank holds several (a coalesced group).");
-
-static PyObject *scan_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("scan_op", nargs, 5)) return NULL;
-    PyObject *by_rank = args[0], *completed = args[2], *scheduled = args[3], *untracked = args[4];
-    /* time_created_ns, op, input_sizes, input_dtypes, state, backend, closed_by */
-    Py_ssize_t fields[7], needed;
-    if (!PyDict_Check(by_rank) || !PyTuple_Check(untracked)) {
-        PyErr_SetString(PyExc_TypeError, "scan_op: bad arguments");
-        return NULL;
-    }
-    if (read_indices(args[1], fields, 7, &needed) < 0) return NULL;
-    Py_ssize_t position = 0, pending = 0, count = 0;
-    PyObject *rank, *entries, *first_time = NULL, *reference = NULL;
-    int alike = 1;
-    if (PyDict_Size(by_rank) == 0) Py_RETURN_NONE;
-    PyObject *created_ns = PyList_New(PyDict_Size(by_rank)), *states = PyList_New(PyDict_Size(by_rank));
-    if (created_ns == NULL || states == NULL) goto error;
-    /* Nothing here runs Python code that could change the dict: entries hold plain values. */
-    while (PyDict_Next(by_rank, &position, &rank, &entries)) {
-        if (!PyList_CheckExact(entries) || LENGTH(entries) != 1) {
-            Py_DECREF(created_ns);
-            Py_DECREF(states);
-            Py_RETURN_NONE;
-        }
-        PyObject *head = PyList_GetItem(entries, 0);
-        if (!is_entry(head, needed)) goto error;
-        PyObject *created = PyTuple_GetItem(head, fields[0]);
-        /* IndexError where the dict grew while it was read (checked below too) */
-        if (PyList_SetItem(created_ns, count, Py_NewRef(created)) < 0) goto error;
-        if (first_time == NULL) {
-            first_time = created;
-        } else {
-            int earlier = PyObject_RichCompareBool(created, first_time, Py_LT);
-            if (earlier < 0) goto error;
-            if (earlier) first_time = created;
-        }
-        if (reference == NULL) {
-            reference = head;
-        } else if (alike) {
-            for (int i = 1; i < 4 && alike; i++) {
-                int differs = PyObject_RichCompareBool(PyTuple_GetItem(head, fields[i]),
-                                                       PyTuple_GetItem(reference, fields[i]), Py_NE);
-                if (differs < 0) goto error;
-                if (differs) alike = 0;
-            }
-        }
-        PyObject *last = PyTuple_GetItem(head, fields[6]);
-        if (last == Py_None) last = head;
-        else if (!is_entry(last, needed)) goto error;
-        PyObject *state = PyTuple_GetItem(last, fields[4]);
-        if (PyList_SetItem(states, count++, Py_NewRef(state)) < 0) goto error;
-        int done = PyObject_RichCompareBool(state, completed, Py_EQ);
-        if (done < 0) goto error;
-        if (done) continue;
-        /* tracks_completion(last): a backend that records completion, or a state past scheduled */
-        int untracked_backend = PySequence_Contains(untracked, PyTuple_GetItem(last, fields[5]));
-        if (untracked_backend < 0) goto error;
-        int is_scheduled = untracked_backend ? PyObject_RichCompareBool(state, scheduled, Py_EQ) : 0;
-        if (is_scheduled < 0) goto error;
-        if (!untracked_backend || !is_scheduled) pending++;
-    }
-    if (count != LENGTH(created_ns)) {
-        PyErr_SetString(PyExc_RuntimeError, "scan_op: the op's entries changed while it was scanned");
-        goto error;
-    }
-    return Py_BuildValue("(OOnNN)", first_time, alike ? Py_True : Py_False, pending, created_ns, states);
-error:
-    Py_XDECREF(created_ns);
-    Py_XDECREF(states);
-    return NULL;
-}
-
-
 /* ---- laying out --------------------------------------------------------------------------------- */
 
-static PyObject *str_op_key;
-
-#define MAX_LOOK_FIELDS 16
 #define TIME_LIMIT (1LL << 62) /* times and offsets the layout does in C: no sum of two overflows */
 
 /* An int field of an entry as a long long, in *out; 0 (no error) when it is not an int that fits. */
@@ -728,16 +603,6 @@ static int int_field(PyObject *value, long long *out) {
         return 0;
     }
     return 1;
-}
-
-/* A Slice (a tuple subclass) of six items, as tuple.__new__(Slice, items) makes it. Steals the refs
- * (start, end or flows NULL: an error is set). */
-static PyObject *new_slice(const Maker *maker, PyObject *start, PyObject *end, PyObject *look, PyObject *head,
-                           PyObject *last, PyObject *flows) {
-    PyObject *items[6] = {start, end, look, head, last, flows};
-    PyObject *made = start && end && flows ? make(maker, items, 6) : NULL;
-    for (int i = 0; i < 6; i++) Py_XDECREF(items[i]);
-    return made;
 }
 
 /* The numbers a layout adds in C (the stream's free time, the clock offsets, the launch flows' base), read
@@ -782,403 +647,7 @@ static int add_lateness(PyObject *points, long long created_here, long long crea
     return 0;
 }
 
-PyDoc_STRVAR(lay_out_collectives_doc,
-             "lay_out_collectives(items, position, free, late, slices, context) -> (position, free, late)\n\n"
-             "streams._group's common case, from ``position`` on: a completed collective a rank issued as one\n"
-             "entry, on a stream nothing holds, enqueued by the thread of the last enqueue, whose looks are\n"
-             "made (and no role to add). Its slice goes to ``slices``, its enqueue to the thread's instants,\n"
-             "its lateness to the points where it changes, as streams does; stops at the first item that\n"
-             "is not so. An op whose looks are not made yet has them made by ``prepare(op, entries)`` (last in\n"
-             "the context; true: worth a second look), once. Lateness is measured on the group's clock: the\n"
-             "rank's runs ``late_offset`` (last in the context) ahead of it.");
-
-static PyObject *lay_out_collectives(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("lay_out_collectives", nargs, 6)) return NULL;
-    PyObject *items = args[0], *slices = args[4];
-    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    double last_late = PyFloat_AsDouble(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    PyTypeObject *slice_type;
-    PyObject *points, *thread_id, *thread_name, *instants, *last_looks, *enqueue_looks, *references, *roles;
-    PyObject *entry_fields, *look_fields, *prepare, *offset_value, *launch_value, *late_offset_value;
-    double step;
-    if (!PyList_CheckExact(items) || !PyList_CheckExact(slices) ||
-        !PyArg_ParseTuple(args[5], "O!OOO!OOO!O!O!O!OO!O!dOO;lay_out_collectives: bad context", &PyType_Type,
-                          &slice_type, &offset_value, &launch_value, &PyList_Type, &points, &thread_id, &thread_name,
-                          &PyList_Type, &instants, &PyDict_Type, &last_looks, &PyDict_Type, &enqueue_looks,
-                          &PyDict_Type, &references, &roles, &PyTuple_Type, &entry_fields, &PyTuple_Type,
-                          &look_fields, &step, &prepare, &late_offset_value))
-        return NULL;
-    long long free_at, offset, launch_base, late_offset;
-    if (!layout_numbers(args[2], offset_value, launch_value, late_offset_value, &free_at, &offset, &launch_base,
-                        &late_offset))
-        return PyTuple_Pack(3, args[1], args[2], args[3]); /* Python's to lay out */
-    if (!PyAnySet_Check(roles)) {
-        PyErr_SetString(PyExc_TypeError, "lay_out_collectives: the rank's roles must be a set of op keys");
-        return NULL;
-    }
-    if (!PyType_IsSubtype(slice_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "lay_out_collectives: Slice must be a tuple subclass");
-        return NULL;
-    }
-    Maker slice_maker;
-    maker_for(&slice_maker, slice_type);
-    Py_ssize_t fields[6], looked[MAX_LOOK_FIELDS], needed, look_needed;
-    Py_ssize_t look_count = LENGTH(look_fields);
-    if (read_indices(entry_fields, fields, 6, &needed) < 0) return NULL;
-    if (look_count > MAX_LOOK_FIELDS || read_indices(look_fields, looked, look_count, &look_needed) < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "too many look fields");
-        return NULL;
-    }
-    if (look_needed > needed) needed = look_needed;
-    const Py_ssize_t created_at = fields[0], started_at = fields[1], completed_at = fields[2], closed_at = fields[3];
-    const Py_ssize_t thread_id_at = fields[4], thread_name_at = fields[5];
-    Py_ssize_t count = LENGTH(items);
-    for (; position < count; position++) {
-        PyObject *item = PyList_GetItem(items, position);
-        if (!PyTuple_CheckExact(item) || LENGTH(item) != 2) break;
-        PyObject *op = PyTuple_GetItem(item, 0), *entries = PyTuple_GetItem(item, 1);
-        if (!PyList_CheckExact(entries) || LENGTH(entries) != 1) break;
-        PyObject *entry = PyList_GetItem(entries, 0);
-        if (!PyTuple_Check(entry) || LENGTH(entry) < needed) break;
-        long long created, started = 0, completed;
-        PyObject *started_value = PyTuple_GetItem(entry, started_at);
-        PyObject *created_value = PyTuple_GetItem(entry, created_at);
-        PyObject *completed_value = PyTuple_GetItem(entry, completed_at);
-        if (PyTuple_GetItem(entry, closed_at) != Py_None || !int_field(created_value, &created) ||
-            !int_field(completed_value, &completed) || completed == 0 ||
-            (started_value != Py_None && !int_field(started_value, &started)))
-            break;
-        /* times beyond what C adds without overflow (a stranger's): Python's */
-        if (created <= -TIME_LIMIT || created >= TIME_LIMIT || started <= -TIME_LIMIT || started >= TIME_LIMIT ||
-            completed <= -TIME_LIMIT || completed >= TIME_LIMIT || offset <= -TIME_LIMIT || offset >= TIME_LIMIT ||
-            free_at <= -TIME_LIMIT || free_at >= TIME_LIMIT || late_offset <= -TIME_LIMIT ||
-            late_offset >= TIME_LIMIT)
-            break;
-        if (!same(PyTuple_GetItem(entry, thread_id_at), thread_id) ||
-            !same(PyTuple_GetItem(entry, thread_name_at), thread_name))
-            break;
-        /* last_looks holds collectives only: a look found there says the op is one */
-        PyObject *op_key = PyObject_GetAttr(op, str_op_key);
-        if (op_key == NULL) return NULL;
-        long long key;
-        PyObject *look = NULL, *enqueue_look = NULL, *reference = NULL;
-        int fast = int_field(op_key, &key);
-        if (fast && PySet_Size(roles) > 0) { /* a role of this rank in the op: its look is Python's */
-            fast = PySet_Contains(roles, op_key) == 0;
-            PyErr_Clear();
-        }
-        /* the first rank to meet an op has its looks made (``prepare``), once, and tries again */
-        for (int attempt = 0; fast; attempt++) {
-            PyObject *cached = PyDict_GetItemWithError(last_looks, op_key);
-            int found = cached != NULL && PyTuple_CheckExact(cached) && LENGTH(cached) == 2;
-            if (found) {
-                PyObject *before = PyTuple_GetItem(cached, 0);
-                found = PyTuple_Check(before) && LENGTH(before) >= needed &&
-                        (PyTuple_GetItem(before, started_at) == Py_None) == (started_value == Py_None);
-                for (Py_ssize_t i = 0; found && before != entry && i < look_count; i++)
-                    found = same(PyTuple_GetItem(before, looked[i]), PyTuple_GetItem(entry, looked[i]));
-                look = PyTuple_GetItem(cached, 1);
-            }
-            if (found) found = (enqueue_look = PyDict_GetItemWithError(enqueue_looks, op_key)) != NULL;
-            /* when its members enqueued it (None: it has one member, and no lateness) */
-            if (found) found = (reference = PyDict_GetItemWithError(references, op_key)) != NULL;
-            if (found || attempt > 0 || PyErr_Occurred()) {
-                fast = found;
-                break;
-            }
-            PyObject *made = PyObject_CallFunctionObjArgs(prepare, op, entries, NULL);
-            if (made == NULL) {
-                Py_DECREF(op_key);
-                return NULL;
-            }
-            fast = PyObject_IsTrue(made) == 1;
-            Py_DECREF(made);
-        }
-        long long late_reference = 0;
-        int members = fast && reference != Py_None;
-        if (members)
-            fast = int_field(reference, &late_reference) && late_reference > -TIME_LIMIT && late_reference < TIME_LIMIT;
-        Py_DECREF(op_key);
-        if (PyErr_Occurred()) return NULL;
-        if (!fast) break;
-        long long created_here = created - offset, start, end;
-        ran_span(created_here, started, started_value != Py_None && started != 0, completed, offset, &free_at,
-                 &start, &end);
-        PyObject *flow = PyLong_FromLongLong(launch_base + key), *flows = flow ? PyTuple_Pack(1, flow) : NULL;
-        Py_XDECREF(flow);
-        if (flows == NULL) return NULL;
-        Py_INCREF(flows); /* one reference for each of the two slices */
-        /* times the entry holds already (the rank's clock is the common one) are shared, not made anew */
-        PyObject *ran = new_slice(
-            &slice_maker,
-            offset == 0 && start == started && started_value != Py_None ? Py_NewRef(started_value)
-            : offset == 0 && start == created ? Py_NewRef(created_value) : PyLong_FromLongLong(start),
-            offset == 0 && end == completed ? Py_NewRef(completed_value) : PyLong_FromLongLong(end),
-            Py_NewRef(look), Py_NewRef(entry), Py_NewRef(entry), flows);
-        PyObject *enqueued = new_slice(&slice_maker,
-                                       offset == 0 ? Py_NewRef(created_value) : PyLong_FromLongLong(created_here),
-                                       Py_NewRef(Py_None), Py_NewRef(enqueue_look), Py_NewRef(Py_None),
-                                       Py_NewRef(Py_None), flows);
-        int failed = ran == NULL || enqueued == NULL || PyList_Append(slices, ran) < 0 ||
-                     PyList_Append(instants, enqueued) < 0;
-        Py_XDECREF(ran);
-        Py_XDECREF(enqueued);
-        if (failed) return NULL;
-        if (members && add_lateness(points, created_here, created, late_offset, late_reference, step, &last_late) < 0)
-            return NULL;
-    }
-    return Py_BuildValue("(nLd)", position, free_at, last_late);
-}
-
-static PyObject *str_group, *str_first_time_ns;
-
-PyDoc_STRVAR(by_group_doc,
-             "by_group(items, created_index) -> (dict, set)\n\n"
-             "streams.lay_out's partition: a rank's (op, entries) items by op.group, in the order given, and the\n"
-             "groups whose items are not in the order the rank enqueued them (entries[0]'s creation time, or\n"
-             "op.first_time_ns where it has no entry).");
-
-/* When a rank enqueued its part in an op: its first entry's creation time, or the op's first_time_ns where
- * it has no entry. New reference; NULL with an error set. */
-static PyObject *created_of(PyObject *item, Py_ssize_t created_at) {
-    if (!PyTuple_CheckExact(item) || LENGTH(item) != 2 || !PyList_Check(PyTuple_GetItem(item, 1))) {
-        PyErr_SetString(PyExc_TypeError, "by_group: items must be (op, entries) tuples");
-        return NULL;
-    }
-    PyObject *entries = PyTuple_GetItem(item, 1);
-    if (!LENGTH(entries)) return PyObject_GetAttr(PyTuple_GetItem(item, 0), str_first_time_ns);
-    PyObject *entry = PyList_GetItem(entries, 0);
-    return is_entry(entry, created_at + 1) ? Py_NewRef(PyTuple_GetItem(entry, created_at)) : NULL;
-}
-
-/* What by_group remembers of a group it met (held): its list (borrowed from the dict) and when the rank
- * enqueued its last item there (``created``, or ``created_object`` where that is not a small int). */
-typedef struct {
-    PyObject *group, *list, *created_object;
-    long long created;
-} GroupSeen;
-
-#define GROUPS_SEEN 16
-
-static PyObject *by_group(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("by_group", nargs, 2)) return NULL;
-    PyObject *items = args[0];
-    Py_ssize_t created_at = PyLong_AsSsize_t(args[1]);
-    if (created_at == -1 && PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(items)) {
-        PyErr_SetString(PyExc_TypeError, "by_group: items must be a list");
-        return NULL;
-    }
-    /* a rank's ops are in a few groups: the last ones met are found by identity, without hashing */
-    GroupSeen seen[GROUPS_SEEN] = {{0}};
-    int seen_count = 0;
-    PyObject *groups = PyDict_New(), *unordered = PySet_New(NULL), *result = NULL;
-    if (groups == NULL || unordered == NULL) goto done;
-    for (Py_ssize_t i = 0; i < LENGTH(items); i++) {
-        PyObject *item = PyList_GetItem(items, i);
-        PyObject *created = created_of(item, created_at);
-        if (created == NULL) goto done;
-        long long created_value = 0;
-        int small = int_field(created, &created_value);
-        PyObject *group = PyObject_GetAttr(PyTuple_GetItem(item, 0), str_group);
-        if (group == NULL) {
-            Py_DECREF(created);
-            goto done;
-        }
-        GroupSeen *known = NULL;
-        for (int k = 0; k < seen_count && known == NULL; k++)
-            if (seen[k].group == group) known = &seen[k];
-        if (known == NULL) {
-            PyObject *list = PyDict_GetItemWithError(groups, group);
-            int failed = PyErr_Occurred() != NULL;
-            if (!failed && list == NULL) {
-                list = PyList_New(0);
-                failed = list == NULL || PyDict_SetItem(groups, group, list) < 0;
-                Py_XDECREF(list); /* the dict holds it */
-            }
-            if (failed) {
-                Py_DECREF(group);
-                Py_DECREF(created);
-                goto done;
-            }
-            /* a group equal to one met but not the same object shares its list, and what came before */
-            for (int k = 0; k < seen_count && known == NULL; k++)
-                if (seen[k].list == list) known = &seen[k];
-        }
-        if (known == NULL) {
-            PyObject *list = PyDict_GetItem(groups, group); /* found or made just above */
-            GroupSeen *slot = &seen[seen_count < GROUPS_SEEN ? seen_count++ : (int)(i % GROUPS_SEEN)];
-            Py_CLEAR(slot->created_object);
-            /* the list is met for the first time, or again after its slot was taken: what came before
-             * in it says when the rank enqueued its last item */
-            REPLACE_REF(slot->group, Py_NewRef(group)); /* held: no other object takes its address */
-            slot->list = list;
-            if (LENGTH(list) > 0) {
-                slot->created_object = created_of(PyList_GetItem(list, LENGTH(list) - 1), created_at);
-                if (slot->created_object == NULL) {
-                    Py_DECREF(group);
-                    Py_DECREF(created);
-                    goto done;
-                }
-            }
-            known = slot;
-        }
-        Py_DECREF(group);
-        /* was the group's previous item enqueued later than this one? */
-        int earlier = 0;
-        if (LENGTH(known->list) > 0) {
-            if (known->created_object == NULL && small)
-                earlier = created_value < known->created;
-            else {
-                PyObject *before = known->created_object;
-                PyObject *made = before == NULL ? PyLong_FromLongLong(known->created) : NULL;
-                earlier = before || made ? PyObject_RichCompareBool(created, before ? before : made, Py_LT) : -1;
-                Py_XDECREF(made);
-            }
-        }
-        Py_CLEAR(known->created_object);
-        if (small)
-            known->created = created_value;
-        else
-            known->created_object = Py_NewRef(created);
-        Py_DECREF(created);
-        if (earlier < 0 || (earlier && PySet_Add(unordered, known->group) < 0) || PyList_Append(known->list, item) < 0)
-            goto done;
-    }
-    result = PyTuple_Pack(2, groups, unordered);
-done:
-    for (int k = 0; k < seen_count; k++) {
-        Py_XDECREF(seen[k].group);
-        Py_XDECREF(seen[k].created_object);
-    }
-    Py_XDECREF(groups);
-    Py_XDECREF(unordered);
-    return result;
-}
-
-PyDoc_STRVAR(ops_by_rank_doc,
-             "ops_by_rank(ops, held, made, ranks) -> dict\n\n"
-             "timeline._ops_by_rank_in_python: rank -> [(op, its entries)] in the order of ``ops``, and\n"
-             "(op, []) for each rank in op.missing, of ``ranks`` only (a set; None: every rank); see there\n"
-             "for ``held`` and ``made``.");
-
 static PyObject *str_missing;
-
-/* index[rank].append((op, entries)), where ``ranks`` (a set, or None: every rank) holds the rank; 0, or -1
- * with an error set. Steals no reference. */
-static int index_append(PyObject *index, PyObject *rank, PyObject *op, PyObject *entries, PyObject *ranks) {
-    if (ranks != Py_None) {
-        int wanted = PySet_Contains(ranks, rank);
-        if (wanted <= 0) return wanted;
-    }
-    PyObject *list = PyDict_GetItemWithError(index, rank);
-    if (list == NULL) {
-        if (PyErr_Occurred()) return -1;
-        list = PyList_New(0);
-        if (list == NULL) return -1;
-        int failed = PyDict_SetItem(index, rank, list);
-        Py_DECREF(list); /* the dict holds it */
-        if (failed < 0) return -1;
-    }
-    PyObject *item = PyTuple_Pack(2, op, entries);
-    if (item == NULL) return -1;
-    int failed = PyList_Append(list, item);
-    Py_DECREF(item);
-    return failed;
-}
-
-/* index[rank].append((op, its entries)) for each rank of an op's (ranks, rows) that ``wanted`` holds (a set,
- * or None: every rank), each rank's entries taken from made[rank] at its rows; 0, or -1 with an error set. */
-static int index_rows(PyObject *index, PyObject *op, PyObject *packed, PyObject *made, PyObject *wanted) {
-    PyObject *ranks = PyTuple_CheckExact(packed) && LENGTH(packed) == 2 ? PyTuple_GetItem(packed, 0) : NULL;
-    PyObject *rows = ranks != NULL ? PyTuple_GetItem(packed, 1) : NULL;
-    if (ranks == NULL || !PyBytes_CheckExact(ranks) || !PyBytes_CheckExact(rows) ||
-        PyBytes_Size(ranks) != PyBytes_Size(rows) || PyBytes_Size(ranks) % 4 != 0) {
-        PyErr_SetString(PyExc_TypeError, "ops_by_rank: an op's entries are neither a dict nor (ranks, rows)");
-        return -1;
-    }
-    const char *rank_at = PyBytes_AsString(ranks), *row_at = PyBytes_AsString(rows);
-    PyObject *list = NULL; /* the latest rank's (held by the index) */
-    int32_t previous = 0;
-    for (Py_ssize_t k = 0; k < PyBytes_Size(ranks) / 4; k++) {
-        int32_t rank;
-        uint32_t row;
-        memcpy(&rank, rank_at + 4 * k, 4);
-        memcpy(&row, row_at + 4 * k, 4);
-        PyObject *key = PyLong_FromLong(rank);
-        int skip = key != NULL && wanted != Py_None ? PySet_Contains(wanted, key) : 1;
-        if (skip <= 0) {
-            Py_XDECREF(key);
-            if (skip < 0 || key == NULL) return -1;
-            continue;
-        }
-        PyObject *source = PyDict_GetItemWithError(made, key); /* borrowed */
-        PyObject *entry = source != NULL && PyList_CheckExact(source) ? PyList_GetItem(source, (Py_ssize_t)row) : NULL;
-        int failed = entry == NULL;
-        if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "ops_by_rank: a rank without entries");
-        if (!failed && list != NULL && rank == previous) {
-            failed = PyList_Append(list, entry) < 0;
-        } else if (!failed) {
-            list = PyList_New(1);
-            failed = list == NULL;
-            if (!failed) {
-                PyList_SetItem(list, 0, Py_NewRef(entry));
-                failed = index_append(index, key, op, list, Py_None) < 0;
-                Py_DECREF(list); /* the index holds it */
-            }
-            previous = rank;
-        }
-        Py_XDECREF(key);
-        if (failed) return -1;
-    }
-    return 0;
-}
-
-static PyObject *ops_by_rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("ops_by_rank", nargs, 4)) return NULL;
-    PyObject *ops = args[0], *held = args[1], *made = args[2], *ranks = args[3];
-    if (!PyList_CheckExact(ops) || !PyList_CheckExact(held) || LENGTH(held) != LENGTH(ops) || !PyDict_CheckExact(made) ||
-        (ranks != Py_None && !PyAnySet_Check(ranks))) {
-        PyErr_SetString(PyExc_TypeError, "ops_by_rank(ops, held, made, ranks): lists of one length, a dict, a set");
-        return NULL;
-    }
-    PyObject *index = PyDict_New();
-    if (index == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < LENGTH(ops); i++) {
-        PyObject *op = PyList_GetItem(ops, i);
-        PyObject *entries = Py_XNewRef(PyList_GetItem(held, i)), *missing = NULL, *none = NULL;
-        int failed = entries == NULL;
-        if (!failed && PyDict_CheckExact(entries)) {
-            Py_ssize_t position = 0;
-            PyObject *rank, *parts;
-            while (!failed && PyDict_Next(entries, &position, &rank, &parts))
-                failed = index_append(index, rank, op, parts, ranks) < 0;
-        } else if (!failed) { /* (ranks, rows): int32 and uint32 bytes, a rank's rows one after the other */
-            failed = index_rows(index, op, entries, made, ranks) < 0;
-        }
-        if (!failed) {
-            missing = PyObject_GetAttr(op, str_missing);
-            failed = missing == NULL || !PyTuple_CheckExact(missing);
-            for (Py_ssize_t k = 0; !failed && k < LENGTH(missing); k++) {
-                failed = (none = PyList_New(0)) == NULL ||
-                         index_append(index, PyTuple_GetItem(missing, k), op, none, ranks) < 0;
-                Py_CLEAR(none);
-            }
-        }
-        Py_XDECREF(entries);
-        Py_XDECREF(missing);
-        if (failed) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ops_by_rank: an op's entries or missing ranks");
-            Py_DECREF(index);
-            return NULL;
-        }
-    }
-    return index;
-}
 
 /* ---- writing ------------------------------------------------------------------------------------- */
 
@@ -1247,35 +716,17 @@ static Py_ssize_t varint_size(unsigned long long value) {
     return n;
 }
 
-/* A non-negative int that fits 64 bits; -1 (with no error set) when the value is anything else. */
-static int as_u64(PyObject *value, unsigned long long *out) {
-    if (!PyLong_CheckExact(value)) return -1;
-    unsigned long long number = PyLong_AsUnsignedLongLong(value);
-    if (number == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return -1;
-    }
-    *out = number;
-    return 0;
-}
-
-/* A time whose varint takes nine bytes (2**56 <= t < 2**63), as the writer's fact heads expect. */
-static int as_long_time(PyObject *value, unsigned long long *out) {
-    if (as_u64(value, out) < 0) return -1;
-    return (*out >= (1ULL << 56) && *out < (1ULL << 63)) ? 0 : -1;
-}
-
 /* The encoded bytes the writer remembers under key; NULL (no error) when absent: the fallback decides. */
 static PyObject *bytes_in(PyObject *table, PyObject *key) {
     PyObject *found = lookup(table, key);
     return found != NULL && PyBytes_CheckExact(found) ? found : NULL;
 }
 
-static PyObject *str_end, *str_encoded, *str_timed;
+static PyObject *str_encoded, *str_timed;
 
 /* Bytes given once for a whole call (the writer's tags and heads), where they lie: read once, not through
  * a call for each slice (the stable ABI has no macro that reads a bytes object). The context tuple holds
- * them while encode_slices runs. */
+ * them while encode_rows runs. */
 typedef struct {
     const char *data;
     Py_ssize_t size;
@@ -1298,24 +749,20 @@ typedef struct {
     Chunk created_head, started_head, completed_head, duration_head;
     Chunk packet_tag, event_tag, flow_tag, interned_tag;
     PyObject *encode_look;
-    PyObject *last_thread_name, *last_thread_id, *last_thread; /* the last thread met, and its bytes (borrowed) */
     Py_ssize_t launches; /* flows of the slices written that stand for an entry (a launch's other end) */
-    Py_ssize_t op_id, record_id, created, started, completed, duration, thread_name, thread_id;
-    Py_ssize_t entry_size; /* an entry must be at least this long to hold all of the above */
 } Context;
 
 static int read_context(PyObject *tuple, Context *context) {
-    PyObject *heads, *fields, *packet_head, *begin, *instant, *end_event, *packet_tag, *event_tag, *flow_tag;
+    PyObject *heads, *packet_head, *begin, *instant, *end_event, *packet_tag, *event_tag, *flow_tag;
     PyObject *interned_tag, *created_head, *started_head, *completed_head, *duration_head;
-    if (!PyArg_ParseTuple(tuple, "OSSSSO!O!O!O!O!SSSSOO!;encode_slices: bad context", &context->token, &packet_head,
+    if (!PyArg_ParseTuple(tuple, "OSSSSO!O!O!O!O!SSSSO;encode_rows: bad context", &context->token, &packet_head,
                           &begin, &instant, &end_event, &PyList_Type, &context->new_interned, &PyDict_Type,
                           &context->op_ids, &PyDict_Type, &context->record_ids, &PyDict_Type, &context->threads,
                           &PyTuple_Type, &heads, &packet_tag, &event_tag, &flow_tag, &interned_tag,
-                          &context->encode_look, &PyTuple_Type, &fields))
+                          &context->encode_look))
         return -1;
-    context->last_thread_name = context->last_thread_id = context->last_thread = NULL;
     context->launches = 0;
-    if (!PyArg_ParseTuple(heads, "SSSS;encode_slices: bad fact heads", &created_head, &started_head, &completed_head,
+    if (!PyArg_ParseTuple(heads, "SSSS;encode_rows: bad fact heads", &created_head, &started_head, &completed_head,
                           &duration_head))
         return -1;
     if (chunk_of(packet_head, &context->packet_head) < 0 || chunk_of(begin, &context->begin) < 0 ||
@@ -1325,80 +772,7 @@ static int read_context(PyObject *tuple, Context *context) {
         chunk_of(created_head, &context->created_head) < 0 || chunk_of(started_head, &context->started_head) < 0 ||
         chunk_of(completed_head, &context->completed_head) < 0 || chunk_of(duration_head, &context->duration_head) < 0)
         return -1;
-    Py_ssize_t indices[8];
-    if (read_indices(fields, indices, 8, &context->entry_size) < 0) return -1;
-    context->op_id = indices[0];
-    context->record_id = indices[1];
-    context->created = indices[2];
-    context->started = indices[3];
-    context->completed = indices[4];
-    context->duration = indices[5];
-    context->thread_name = indices[6];
-    context->thread_id = indices[7];
     return 0;
-}
-
-/* A rank's ids and times (PerfettoWriter._facts), when every piece is already known. 1: done; 0: not
- * on the fast path; -1: error. */
-static int put_facts(Buffer *event, Context *context, PyObject *head, PyObject *last, int timed) {
-    if (!PyTuple_Check(head) || !PyTuple_Check(last) || LENGTH(head) < context->entry_size ||
-        LENGTH(last) < context->entry_size)
-        return 0;
-    PyObject *op_id = bytes_in(context->op_ids, PyTuple_GetItem(head, context->op_id));
-    PyObject *record_id = bytes_in(context->record_ids, PyTuple_GetItem(head, context->record_id));
-    unsigned long long created, started = 0, completed = 0;
-    if (op_id == NULL || record_id == NULL || as_long_time(PyTuple_GetItem(head, context->created), &created) < 0)
-        return 0;
-    double duration = 0;
-    if (timed) {
-        PyObject *duration_value = PyTuple_GetItem(last, context->duration);
-        if (as_long_time(PyTuple_GetItem(last, context->started), &started) < 0 ||
-            as_long_time(PyTuple_GetItem(last, context->completed), &completed) < 0 ||
-            !PyFloat_CheckExact(duration_value))
-            return 0;
-        duration = PyFloat_AsDouble(duration_value);
-    }
-    PyObject *thread_name = PyTuple_GetItem(head, context->thread_name);
-    PyObject *thread_id = PyTuple_GetItem(head, context->thread_id);
-    PyObject *thread = NULL;
-    if (!PyUnicode_CheckExact(thread_name) || !PyUnicode_CheckExact(thread_id)) return 0;
-    if (thread_name == context->last_thread_name && thread_id == context->last_thread_id) {
-        thread = context->last_thread;  /* a rank's entries share their thread's strings */
-    } else if (PyUnicode_GetLength(thread_name) || PyUnicode_GetLength(thread_id)) {
-        PyObject *key = PyTuple_Pack(2, thread_name, thread_id);
-        if (key == NULL) return -1;
-        thread = bytes_in(context->threads, key);
-        Py_DECREF(key);
-        if (thread == NULL) return 0;
-        context->last_thread_name = thread_name, context->last_thread_id = thread_id, context->last_thread = thread;
-    }
-    if (buffer_put_bytes(event, op_id) < 0 || buffer_put_bytes(event, record_id) < 0 ||
-        buffer_put_chunk(event, &context->created_head) < 0 || buffer_put_varint(event, created) < 0)
-        return -1;
-    if (timed) {
-        unsigned char little[8];
-        pack_double(duration, little);
-        if (buffer_put_chunk(event, &context->started_head) < 0 || buffer_put_varint(event, started) < 0 ||
-            buffer_put_chunk(event, &context->completed_head) < 0 || buffer_put_varint(event, completed) < 0 ||
-            buffer_put_chunk(event, &context->duration_head) < 0 || buffer_put(event, (char *)little, 8) < 0)
-            return -1;
-    }
-    if (thread != NULL && buffer_put_bytes(event, thread) < 0) return -1;
-    return 1;
-}
-
-/* A slice's own flows (Slice.flows: a tuple of ints) after its event: -1 error, 0 not on the fast path (the
- * event, partly written, is then dropped: put_slice writes nothing of it). */
-static int put_flows(Buffer *event, Context *context, PyObject *flows) {
-    if (!PyTuple_CheckExact(flows)) return 0;
-    for (Py_ssize_t i = 0; i < LENGTH(flows); i++) {
-        unsigned long long flow;
-        unsigned char little[8];
-        if (as_u64(PyTuple_GetItem(flows, i), &flow) < 0) return 0;
-        for (int b = 0; b < 8; b++) little[b] = (unsigned char)(flow >> (8 * b));
-        if (buffer_put_chunk(event, &context->flow_tag) < 0 || buffer_put(event, (char *)little, 8) < 0) return -1;
-    }
-    return 1;
 }
 
 /* A look's encoded bytes (new reference), encoded by ``encode_look`` (the writer's _look) where this writer
@@ -1416,7 +790,7 @@ static PyObject *encoded_look(Context *context, PyObject *look) {
     if ((encoded = PyObject_CallFunctionObjArgs(context->encode_look, look, NULL)) == NULL) return NULL;
     if (!PyBytes_CheckExact(encoded)) {
         Py_DECREF(encoded);
-        PyErr_SetString(PyExc_TypeError, "encode_slices: a look must encode to bytes");
+        PyErr_SetString(PyExc_TypeError, "encode_rows: a look must encode to bytes");
         return NULL;
     }
     return encoded;
@@ -1474,105 +848,6 @@ static int look_is_timed(PyObject *look) {
     Py_DECREF(timed_value);
     return timed;
 }
-
-/* One slice's two packets into ``out``, or an instant's one (where it stands for no entry). A look not
- * encoded yet is encoded by ``encode_look`` (the writer's _look), and the names it interned go into this
- * packet. 1: a slice; 2: an instant; 0: not on the fast path (nothing written); -1: error. */
-static int put_slice(Buffer *out, Buffer *event, Context *context, PyObject *item) {
-    /* a Slice is a tuple: (start, end, look, head, last, flows) */
-    if (!PyTuple_Check(item) || LENGTH(item) != 6) return 0;
-    PyObject *start_value = PyTuple_GetItem(item, 0), *end_value = PyTuple_GetItem(item, 1);
-    PyObject *look = PyTuple_GetItem(item, 2), *head = PyTuple_GetItem(item, 3), *last = PyTuple_GetItem(item, 4);
-    PyObject *flows = PyTuple_GetItem(item, 5);
-    unsigned long long start, end = 0;
-    int instant = end_value == Py_None;
-    event->len = 0;
-    if ((!instant && as_u64(end_value, &end) < 0) || as_u64(start_value, &start) < 0) return 0;
-    if (instant && (head != Py_None || last != Py_None)) return 0; /* an instant with facts: Python's */
-    PyObject *chunk = encoded_look(context, look);
-    if (chunk == NULL) return -1;
-    int result = 0;
-    if (!PyBytes_CheckExact(chunk)) goto done;
-    if (buffer_put_chunk(event, instant ? &context->instant : &context->begin) < 0 ||
-        buffer_put_bytes(event, chunk) < 0)
-        goto error;
-    if (head != Py_None && last != Py_None) {
-        int timed = look_is_timed(look);
-        if (timed < 0) goto error;
-        int facts = put_facts(event, context, head, last, timed);
-        if (facts < 0) goto error;
-        if (facts == 0) goto done;
-    }
-    int flowed = put_flows(event, context, flows);
-    if (flowed < 0) goto error;
-    if (flowed == 0) goto done;
-    int framed = put_framed(out, event, context, start, end, instant);
-    if (framed < 0) goto error;
-    if (framed == 0) goto done;
-    if (head != Py_None) context->launches += LENGTH(flows);
-    result = instant ? 2 : 1;
-    goto done;
-error:
-    result = -1;
-done:
-    Py_DECREF(chunk);
-    return result;
-}
-
-PyDoc_STRVAR(encode_slices_doc,
-             "encode_slices(slices, context, fallback) -> (bytes, slice count, marker count, launch flows)\n\n"
-             "The packets of ``slices`` in order, as PerfettoWriter._slice_packets writes them; each slice\n"
-             "the fast path does not cover is encoded by ``fallback(slice)``.");
-
-static PyObject *encode_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("encode_slices", nargs, 3)) return NULL;
-    Context context;
-    if (!PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "encode_slices: context must be a tuple");
-        return NULL;
-    }
-    if (read_context(args[1], &context) < 0) return NULL;
-    PyObject *fallback = args[2];
-    PyObject *iterator = PyObject_GetIter(args[0]);
-    if (iterator == NULL) return NULL;
-    Buffer out = {NULL, 0, 0}, event = {NULL, 0, 0};
-    Py_ssize_t slices = 0, markers = 0;
-    PyObject *item, *result = NULL;
-    while ((item = PyIter_Next(iterator)) != NULL) {
-        int done = put_slice(&out, &event, &context, item);
-        if (done == 0) {
-            PyObject *end = PyObject_GetAttr(item, str_end);
-            PyObject *packets = end == NULL ? NULL : PyObject_CallFunctionObjArgs(fallback, item, NULL);
-            int ok = packets != NULL && PyBytes_Check(packets) && buffer_put_bytes(&out, packets) == 0;
-            if (packets != NULL && !PyBytes_Check(packets))
-                PyErr_SetString(PyExc_TypeError, "encode_slices: the fallback must return bytes");
-            if (ok) {
-                if (end == Py_None)
-                    markers++;
-                else
-                    slices++;
-            }
-            Py_XDECREF(packets);
-            Py_XDECREF(end);
-            if (!ok) done = -1;
-        } else if (done == 1) {
-            slices++;
-        } else if (done == 2) {
-            markers++;
-        }
-        Py_DECREF(item);
-        if (done < 0) goto finish;
-    }
-    if (PyErr_Occurred()) goto finish;
-    result = Py_BuildValue("(y#nnn)", out.data ? out.data : "", out.len, slices, markers, context.launches);
-finish:
-    Py_DECREF(iterator);
-    PyMem_Free(out.data);
-    PyMem_Free(event.data);
-    return result;
-}
-
 
 /* ---- laying out and writing from rows ------------------------------------------------------------ */
 
@@ -1923,10 +1198,9 @@ static int bytearray_extend(PyObject *target, const Buffer *buffer) {
     return 0;
 }
 
-
 PyDoc_STRVAR(lay_out_rows_doc,
              "lay_out_rows(items, position, free, late, slices, context) -> (position, free, late)\n\n"
-             "lay_out_collectives for a rank's items of one group held as rows (bytes of rows.ITEM pairs):\n"
+             "streams._group's common case for a rank's items of one group held as rows (rows.ITEM pairs):\n"
              "from ``position`` on, each completed collective the rank issued as one entry, on a stream\n"
              "nothing holds, enqueued by the thread of the last enqueue, in which it has no role, is laid out\n"
              "as streams._group lays it out, its slice a rows.RECORD added to ``slices`` (a bytearray), its\n"
@@ -2090,7 +1364,7 @@ static int read_row_facts(PyObject *facts, RowFacts *out) {
     return 0;
 }
 
-/* The bytes the writer remembers for an id (an op's or a record's), as put_facts finds them; borrowed,
+/* The bytes the writer remembers for an id (an op's or a record's), as PerfettoWriter._facts finds them; borrowed,
  * NULL (no error) when absent. */
 static PyObject *id_bytes(PyObject *table, long long value) {
     PyObject *key = PyLong_FromLongLong(value);
@@ -2103,7 +1377,7 @@ static PyObject *id_bytes(PyObject *table, long long value) {
     return found;
 }
 
-/* put_facts for the entry at ``row`` of a rank's columns: 1 done, 0 not on the fast path, -1 error. */
+/* PerfettoWriter._facts for the entry at ``row`` of a rank's columns: 1 done, 0 not on the fast path, -1 error. */
 static int put_row_facts(Buffer *event, Context *context, RowFacts *facts, Py_ssize_t row, int timed) {
     if (row < 0 || row >= facts->rows) return 0;
     PyObject *op_id = id_bytes(context->op_ids, column_int64(facts->op_id, row));
@@ -2155,7 +1429,7 @@ static int put_row_facts(Buffer *event, Context *context, RowFacts *facts, Py_ss
     return 1;
 }
 
-/* One record's packets, as put_slice writes its Slice's: 1 a slice, 2 an instant, 0 not on the fast path
+/* One record's packets, as PerfettoWriter._slice_packets writes its Slice's: 1 a slice, 2 an instant, 0 not on the fast path
  * (nothing written), -1 error. */
 static int put_record(Buffer *out, Buffer *event, Context *context, const Record *record, PyObject *looks,
                       RowFacts *facts) {
@@ -2198,9 +1472,9 @@ done:
 
 PyDoc_STRVAR(encode_rows_doc,
              "encode_rows(records, looks, facts, context, fallback) -> (bytes, slice count, marker count, launch flows)\n\n"
-             "encode_slices for a track's slices held as rows (rows.SliceRows): the packets of each record\n"
-             "(rows.RECORD) in order, its look the one ``looks`` numbers, its entry's ids and times read from\n"
-             "``facts`` (SliceRows.facts); each record the fast path does not cover is encoded by\n"
+             "PerfettoWriter._slice_packets for a track's slices held as rows (rows.SliceRows): the packets of\n"
+             "each record (rows.RECORD) in order, its look the one ``looks`` numbers, its entry's ids and times\n"
+             "read from ``facts`` (SliceRows.facts); each record the fast path does not cover is encoded by\n"
              "``fallback(index)``.");
 
 static PyObject *encode_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -2249,8 +1523,6 @@ finish:
     PyMem_Free(event.data);
     return result;
 }
-
-
 
 /* ---- judging stragglers ------------------------------------------------------------------------- */
 
@@ -2336,52 +1608,10 @@ done:
     return result;
 }
 
-/* ---- the shape of a pickle ---------------------------------------------------------------------- */
-
-/* pickle_shape.scan in C: the unpickler's stack modelled as each object's depth and node count. */
-typedef struct {
-    unsigned char *depth;
-    long long *nodes;
-    Py_ssize_t *ident; /* a list's, dict's or set's own number (0: any other object) */
-    Py_ssize_t len, cap;
-} ShapeStack;
+/* ---- a pickle straight to columns ---------------------------------------------------------------- */
 
 #define SHAPE_CAP (1LL << 62)
 #define GROWS_SHARED "corrupt pickle: a list or dict grows after it is shared"
-
-static int shape_grow(unsigned char **depth, long long **nodes, Py_ssize_t *cap, Py_ssize_t wanted) {
-    if (wanted <= *cap) return 0;
-    Py_ssize_t cap2 = *cap ? *cap : 64;
-    while (cap2 < wanted) cap2 *= 2;
-    unsigned char *d = PyMem_Realloc(*depth, (size_t)cap2);
-    if (d == NULL) return -1;
-    *depth = d;
-    long long *n = PyMem_Realloc(*nodes, (size_t)cap2 * sizeof(long long));
-    if (n == NULL) return -1;
-    *nodes = n;
-    *cap = cap2;
-    return 0;
-}
-
-static int shape_push_ident(ShapeStack *s, unsigned char depth, long long nodes, Py_ssize_t ident) {
-    Py_ssize_t cap = s->cap;
-    if (shape_grow(&s->depth, &s->nodes, &cap, s->len + 1) < 0) return -1;
-    if (cap != s->cap) {
-        Py_ssize_t *id = PyMem_Realloc(s->ident, (size_t)cap * sizeof(Py_ssize_t));
-        if (id == NULL) return -1;
-        s->ident = id;
-        s->cap = cap;
-    }
-    s->depth[s->len] = depth;
-    s->nodes[s->len] = nodes;
-    s->ident[s->len] = ident;
-    s->len++;
-    return 0;
-}
-
-static int shape_push(ShapeStack *s, unsigned char depth, long long nodes) {
-    return shape_push_ident(s, depth, nodes, 0);
-}
 
 static long long shape_add(long long a, long long b) { return a + b > SHAPE_CAP ? SHAPE_CAP : a + b; }
 
@@ -2390,261 +1620,6 @@ static unsigned long long little_endian(const unsigned char *p, int width) {
     for (int i = width - 1; i >= 0; i--) value = (value << 8) | p[i];
     return value;
 }
-
-PyDoc_STRVAR(scan_pickle_doc, "scan_pickle(data, max_depth, max_nodes) -> str | None\n\n"
-                              "pickle_shape.scan: why a pickle must not be unpickled, or None.");
-
-static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (!takes("scan_pickle", nargs, 3)) return NULL;
-    /* The reader passes bytes. Another buffer (bytearray, memoryview) is copied to bytes: the stable ABI
-     * of Python 3.10 has no buffer protocol (Py_buffer came to it in 3.11). */
-    PyObject *bytes = PyBytes_Check(args[0]) ? Py_NewRef(args[0]) : PyBytes_FromObject(args[0]);
-    if (bytes == NULL) return NULL;
-    char *text;
-    Py_ssize_t size;
-    long max_depth = PyLong_AsLong(args[1]);
-    long long max_nodes = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred() || PyBytes_AsStringAndSize(bytes, &text, &size) < 0) {
-        Py_DECREF(bytes);
-        return NULL;
-    }
-    const unsigned char *data = (const unsigned char *)text;
-    Py_ssize_t end = size, pos = 0, max_memo = size;
-    ShapeStack stack = {NULL, NULL, NULL, 0, 0};
-    Py_ssize_t *marks = NULL, mark_len = 0, mark_cap = 0;
-    unsigned char *memo_depth = NULL;
-    long long *memo_nodes = NULL; /* -1: not defined */
-    Py_ssize_t *memo_ident = NULL, memo_cap = 0, memo_count = 0;
-    /* shared[k]: container k was fetched from the memo or duplicated; at most one container an opcode */
-    unsigned char *shared = PyMem_Calloc((size_t)end + 2, 1);
-    Py_ssize_t made = 0;
-    if (shared == NULL) {
-        Py_DECREF(bytes);
-        return PyErr_NoMemory();
-    }
-    const char *why = "truncated or corrupt pickle";
-    char buffer[64];
-    int failed = 0;
-#define FAIL(text)     \
-    do {               \
-        why = (text);  \
-        goto done;     \
-    } while (0)
-#define OOM()         \
-    do {              \
-        failed = 1;   \
-        goto done;    \
-    } while (0)
-#define NEED(n) \
-    if (pos + (n) > end) FAIL("truncated or corrupt pickle")
-#define FLOOR() (mark_len ? marks[mark_len - 1] : 0)
-    while (pos < end) {
-        unsigned char op = data[pos++];
-        Py_ssize_t index = -1;
-        int is_get = 0, is_put = 0;
-        switch (op) {
-        case '.':
-            why = NULL;
-            goto done;
-        case 'c': case 'R': case 'b': case 'i': case 'o': case 'P': case 'Q':
-        case 0x81: case 0x82: case 0x83: case 0x84: case 0x92: case 0x93: case 0x97: case 0x98:
-            why = NULL; /* the unpickler refuses it */
-            goto done;
-        case 0x80:
-            NEED(1);
-            if (data[pos] > 5) {
-                PyOS_snprintf(buffer, sizeof(buffer), "unsupported pickle protocol %d", data[pos]);
-                FAIL(buffer);
-            }
-            pos += 1;
-            continue;
-        case 0x95: NEED(8); pos += 8; continue;
-        case 'K': NEED(1); pos += 1; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
-        case 'M': NEED(2); pos += 2; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
-        case 'J': NEED(4); pos += 4; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
-        case 'G': NEED(8); pos += 8; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
-        case 'h': NEED(1); index = data[pos]; pos += 1; is_get = 1; break;
-        case 'j': NEED(4); index = (Py_ssize_t)little_endian(data + pos, 4); pos += 4; is_get = 1; break;
-        case 'q': NEED(1); index = data[pos]; pos += 1; is_put = 1; break;
-        case 'r': NEED(4); index = (Py_ssize_t)little_endian(data + pos, 4); pos += 4; is_put = 1; break;
-        case 'T': case 'U': case 'X': case 0x8c: case 0x8d: case 'B': case 'C': case 0x8e: case 0x96:
-        case 0x8a: case 0x8b: {
-            int width = (op == 'U' || op == 0x8c || op == 'C' || op == 0x8a) ? 1
-                        : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
-            NEED(width);
-            unsigned long long length = little_endian(data + pos, width);
-            pos += width;
-            if (op == 0x8b && (length & 0x80000000ULL)) FAIL("truncated or corrupt pickle"); /* negative */
-            if (length > (unsigned long long)(end - pos)) FAIL("truncated or corrupt pickle");
-            pos += (Py_ssize_t)length;
-            if (shape_push(&stack, 0, 1) < 0) OOM();
-            continue;
-        }
-        case 'F': case 'I': case 'L': case 'S': case 'V': case 'g': case 'p': {
-            const unsigned char *newline = memchr(data + pos, '\n', (size_t)(end - pos));
-            if (newline == NULL) FAIL("truncated or corrupt pickle");
-            Py_ssize_t start = pos;
-            pos = newline - data + 1;
-            if (op == 'g' || op == 'p') {
-                /* int(line): optional sign and spaces around digits, as Python's int() reads them */
-                Py_ssize_t i = start, stop = newline - data;
-                while (i < stop && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r')) i++;
-                while (stop > i && (data[stop - 1] == ' ' || data[stop - 1] == '\t' || data[stop - 1] == '\r')) stop--;
-                int negative = 0;
-                if (i < stop && (data[i] == '+' || data[i] == '-')) negative = data[i++] == '-';
-                if (i == stop) FAIL("corrupt pickle: memo index not a number");
-                long long value = 0;
-                for (; i < stop; i++) {
-                    if (data[i] == '_' && i + 1 < stop && data[i + 1] != '_') continue;
-                    if (data[i] < '0' || data[i] > '9') FAIL("corrupt pickle: memo index not a number");
-                    if (value < (1LL << 56)) value = value * 10 + (data[i] - '0');
-                }
-                index = negative ? -value : value;
-                if (op == 'g') is_get = 1; else is_put = 1;
-                break;
-            }
-            if (shape_push(&stack, 0, 1) < 0) OOM();
-            continue;
-        }
-        case 'N': case 0x88: case 0x89:
-            if (shape_push(&stack, 0, 1) < 0) OOM();
-            continue;
-        case ']': case '}': case ')': case 0x8f:
-            if (shape_push_ident(&stack, 1, 1, op == ')' ? 0 : ++made) < 0) OOM();
-            break;
-        case '(':
-            if (mark_len == mark_cap) {
-                Py_ssize_t cap2 = mark_cap ? mark_cap * 2 : 64;
-                Py_ssize_t *m = PyMem_Realloc(marks, (size_t)cap2 * sizeof(Py_ssize_t));
-                if (m == NULL) OOM();
-                marks = m;
-                mark_cap = cap2;
-            }
-            marks[mark_len++] = stack.len;
-            continue;
-        case 0x94: /* MEMOIZE */
-            index = memo_count; /* len(memo) */
-            is_put = 2;
-            break;
-        case 't': case 'l': case 'd': case 0x91: case 'e': case 'u': case 0x90: case '1': {
-            if (!mark_len) FAIL("corrupt pickle: no mark to pop to");
-            Py_ssize_t at = marks[--mark_len];
-            unsigned char deepest = 0;
-            long long total = 0;
-            for (Py_ssize_t k = at; k < stack.len; k++) {
-                if (stack.depth[k] > deepest) deepest = stack.depth[k];
-                total = shape_add(total, stack.nodes[k]);
-            }
-            stack.len = at;
-            if (op == '1') continue;
-            if (op == 'e' || op == 'u' || op == 0x90) {
-                if (!stack.len) FAIL("corrupt pickle: stack underflow");
-                if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
-                if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
-                stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
-            } else if (shape_push_ident(&stack, deepest + 1, shape_add(total, 1),
-                                        (op == 'l' || op == 'd') ? ++made : 0) < 0) {
-                OOM();
-            }
-            break;
-        }
-        case 0x85: case 0x86: case 0x87: {
-            Py_ssize_t count = op - 0x84;
-            if (stack.len - FLOOR() < count) FAIL("corrupt pickle: stack underflow");
-            unsigned char deepest = 0;
-            long long total = 1;
-            for (Py_ssize_t k = stack.len - count; k < stack.len; k++) {
-                if (stack.depth[k] > deepest) deepest = stack.depth[k];
-                total = shape_add(total, stack.nodes[k]);
-            }
-            stack.len -= count;
-            if (shape_push(&stack, deepest + 1, total) < 0) OOM();
-            break;
-        }
-        case 'a': case 's': {
-            Py_ssize_t count = op == 'a' ? 1 : 2;
-            if (stack.len - FLOOR() < count + 1) FAIL("corrupt pickle: stack underflow");
-            unsigned char deepest = 0;
-            long long total = 0;
-            for (Py_ssize_t k = stack.len - count; k < stack.len; k++) {
-                if (stack.depth[k] > deepest) deepest = stack.depth[k];
-                total = shape_add(total, stack.nodes[k]);
-            }
-            stack.len -= count;
-            if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
-            if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
-            stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
-            break;
-        }
-        case '0':
-            if (mark_len && marks[mark_len - 1] == stack.len) mark_len--;
-            else if (stack.len) stack.len--;
-            else FAIL("corrupt pickle: stack underflow");
-            continue;
-        case '2':
-            if (!stack.len) FAIL("corrupt pickle: stack underflow");
-            if (stack.ident[stack.len - 1]) shared[stack.ident[stack.len - 1]] = 1;
-            if (shape_push_ident(&stack, stack.depth[stack.len - 1], stack.nodes[stack.len - 1],
-                                 stack.ident[stack.len - 1]) < 0)
-                OOM();
-            continue;
-        default:
-            PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: unknown opcode 0x%02x", op);
-            FAIL(buffer);
-        }
-        if (is_get) {
-            if (index < 0 || index >= memo_cap || memo_nodes[index] < 0) FAIL("corrupt pickle: memo index not defined");
-            if (shape_push_ident(&stack, memo_depth[index], memo_nodes[index], memo_ident[index]) < 0) OOM();
-            if (memo_ident[index]) shared[memo_ident[index]] = 1;
-            continue;
-        }
-        if (is_put) {
-            if (is_put == 1 && (index < 0 || index >= max_memo)) FAIL("corrupt pickle: memo index too large");
-            if (is_put == 2 && memo_count >= max_memo) FAIL("corrupt pickle: memo too large");
-            if (!stack.len) FAIL("corrupt pickle: nothing to memoise");
-            if (index >= memo_cap) {
-                Py_ssize_t old = memo_cap;
-                if (shape_grow(&memo_depth, &memo_nodes, &memo_cap, index + 1) < 0) OOM();
-                Py_ssize_t *id = PyMem_Realloc(memo_ident, (size_t)memo_cap * sizeof(Py_ssize_t));
-                if (id == NULL) OOM();
-                memo_ident = id;
-                for (Py_ssize_t k = old; k < memo_cap; k++) memo_nodes[k] = -1;
-            }
-            if (memo_nodes[index] < 0) memo_count++;
-            memo_depth[index] = stack.depth[stack.len - 1];
-            memo_nodes[index] = stack.nodes[stack.len - 1];
-            memo_ident[index] = stack.ident[stack.len - 1];
-            continue;
-        }
-        if (stack.len && (stack.depth[stack.len - 1] > max_depth || stack.nodes[stack.len - 1] > max_nodes)) {
-            if (stack.depth[stack.len - 1] > max_depth)
-                PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: nested more than %ld deep", max_depth);
-            else
-                PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: describes more than %lld nodes", max_nodes);
-            FAIL(buffer);
-        }
-    }
-done:
-#undef FAIL
-#undef OOM
-#undef NEED
-#undef FLOOR
-    Py_DECREF(bytes);
-    PyMem_Free(stack.depth);
-    PyMem_Free(stack.nodes);
-    PyMem_Free(stack.ident);
-    PyMem_Free(marks);
-    PyMem_Free(memo_depth);
-    PyMem_Free(memo_nodes);
-    PyMem_Free(memo_ident);
-    PyMem_Free(shared);
-    if (failed) return PyErr_NoMemory();
-    if (why == NULL) Py_RETURN_NONE;
-    return PyUnicode_FromString(why);
-}
-
-/* ---- a pickle straight to columns ---------------------------------------------------------------- */
 
 /* pickle_columns() walks a dump's opcodes once and writes its entries as columns, without a Python
  * object per entry: each list, tuple and dict outside the entries is made once per distinct content
@@ -3534,13 +2509,6 @@ static PyMethodDef methods[] = {
     {"entries_from_columns", (PyCFunction)(void (*)(void))entries_from_columns, METH_FASTCALL,
      entries_from_columns_doc},
     {"match_collectives", (PyCFunction)(void (*)(void))match_collectives, METH_FASTCALL, match_collectives_doc},
-    {"scan_op", (PyCFunction)(void (*)(void))scan_op, METH_FASTCALL, scan_op_doc},
-    {"encode_slices", (PyCFunction)(void (*)(void))encode_slices, METH_FASTCALL, encode_slices_doc},
-    {"scan_pickle", (PyCFunction)(void (*)(void))scan_pickle, METH_FASTCALL, scan_pickle_doc},
-    {"lay_out_collectives", (PyCFunction)(void (*)(void))lay_out_collectives, METH_FASTCALL,
-     lay_out_collectives_doc},
-    {"by_group", (PyCFunction)(void (*)(void))by_group, METH_FASTCALL, by_group_doc},
-    {"ops_by_rank", (PyCFunction)(void (*)(void))ops_by_rank, METH_FASTCALL, ops_by_rank_doc},
     {"rank_items", (PyCFunction)(void (*)(void))rank_items, METH_FASTCALL, rank_items_doc},
     {"rank_groups", (PyCFunction)(void (*)(void))rank_groups, METH_FASTCALL, rank_groups_doc},
     {"lay_out_rows", (PyCFunction)(void (*)(void))lay_out_rows, METH_FASTCALL, lay_out_rows_doc},
@@ -3565,12 +2533,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (running == (unsigned long)-1 && PyErr_Occurred()) PyErr_Clear();
     hash_cached = hexversion == NULL || running == (unsigned long)-1 || running >= 0x030E0000;
     if ((tuple_new = (newfunc)PyType_GetSlot(&PyTuple_Type, Py_tp_new)) == NULL ||
-        (str_end = PyUnicode_InternFromString("end")) == NULL ||
         (str_encoded = PyUnicode_InternFromString("encoded")) == NULL ||
         (str_timed = PyUnicode_InternFromString("timed")) == NULL ||
-        (str_op_key = PyUnicode_InternFromString("op_key")) == NULL ||
-        (str_group = PyUnicode_InternFromString("group")) == NULL ||
-        (str_first_time_ns = PyUnicode_InternFromString("first_time_ns")) == NULL ||
         (str_missing = PyUnicode_InternFromString("missing")) == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ImportError, "fr2perfetto._speedups: no tuple.__new__");
         return NULL;

@@ -18,9 +18,10 @@ by the two ranks), each stream's kernels one after another (``ProcessGroupNCCL.c
 - how late the rank enqueued each collective, against the median of its members on the common clock,
   is a counter: a straggler's line stands above the others'.
 
-Times are shifted onto the common clock here (``offset``: how far the rank's clock runs ahead). The
-common case (a completed collective whose look is made, on a stream nothing holds) is laid out by
-``_speedups.lay_out_collectives`` where it was built, exactly as ``_collective`` here would.
+Times are shifted onto the common clock here (``offset``: how far the rank's clock runs ahead). Where the
+speed-ups are built and a rank's entries are columns (``rows``), the common case (a completed collective
+whose look is made, on a stream nothing holds) is laid out by ``_speedups.lay_out_rows``, exactly as
+``_group`` here would.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from operator import itemgetter
 from ..base.model import COMPLETED, INCOMPLETE, MISSING, STUCK, Entry, Group, MatchedOp, head_entry
 from ..base.speedups import SPEEDUPS as _speedups
 from ..match.ops import NO_COMPLETION_BACKENDS
-from .looks import LATENESS_STEP_MS, LOOK_HEAD_FIELDS, LOOK_LAST_FIELDS, Looks
+from .looks import LATENESS_STEP_MS, Looks
 from .rows import RankItems, RankRows, SliceRows
 from .scene import Slice
 
@@ -102,8 +103,7 @@ def lay_out(
     nothing is drawn (where older history is folded into a summary)."""
     layout = RankLayout()
     state = _Rank(rank, looks, end_of_trace - offset, offset, LAUNCH_FLOW_BASE + (rank << 32), layout)
-    partition = _speedups.by_group if _speedups is not None else _by_group
-    by_group, unordered = partition(items, _CREATED)
+    by_group, unordered = _by_group(items)
     for group, group_items in by_group.items():
         if group in unordered:
             group_items.sort(key=start_on_rank)
@@ -143,7 +143,7 @@ def _sort_enqueues(layout: RankLayout) -> None:
 
 
 def _by_group(
-    items: list[tuple[MatchedOp, list[Entry]]], created_index: int
+    items: list[tuple[MatchedOp, list[Entry]]],
 ) -> tuple[dict[Group, list[tuple[MatchedOp, list[Entry]]]], set[Group]]:
     """A rank's ops by group, in the order given, and the groups whose ops are not in the order the rank
     enqueued them. The job's order (by when the first rank enqueued each op) is that order already,
@@ -154,8 +154,7 @@ def _by_group(
     for item in items:
         op, entries = item
         group = op.group
-        # the field at created_index is time_created_ns: an int, which indexing by a variable does not say
-        created: int = entries[0][created_index] if entries else op.first_time_ns  # type: ignore[assignment]
+        created = entries[0].time_created_ns if entries else op.first_time_ns
         found = by_group.get(group)
         if found is None:
             by_group[group] = [item]
@@ -182,7 +181,6 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
     late = -1.0
     batches: dict[int, tuple[int, Stream, list[tuple[MatchedOp, str]]]] = {}  # batch -> (slice index, stream, ops)
     gloo: list[object] = []  # the gloo slice still open to the next op's enqueue: its stream and its parts
-    fast = _speedups.lay_out_collectives if _speedups is not None else None
     position, count = 0, len(items)
     while position < count:
         if state.rows is not None and _speedups is not None and main.holder is None and not gloo:
@@ -190,16 +188,6 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
             position, main.free, late = _speedups.lay_out_rows(
                 items.packed, position, main.free, late, main.slices.records, _rows_context(state, group, points)
             )
-            if position == count:
-                break
-        elif fast is not None and state.rows is None and main.holder is None and not gloo:
-            assert isinstance(items, list)
-            looks = state.looks
-            context = (Slice, state.offset, state.launch_base, points, *state.thread, state.instants,
-                       looks.last_looks, looks.enqueue_looks, looks.references, looks.rank_roles,
-                       _ENTRY_FIELDS, _LOOK_FIELDS, LATENESS_STEP_MS, looks.prepare,
-                       looks.lateness_offset(group))  # fmt: skip
-            position, main.free, late = fast(items, position, main.free, late, main.slices, context)
             if position == count:
                 break
         op, entries = items[position]
@@ -327,13 +315,3 @@ def _close_gloo(gloo: list[object], next_start: int | None) -> None:
     stream.slices.append(_new_slice(Slice, (start, end, look, head, last, flows)))  # type: ignore[attr-defined]
     stream.free = end  # type: ignore[attr-defined]
     gloo.clear()
-
-
-# Where the C layout finds what it reads of an entry (``_speedups.lay_out_collectives``): its times,
-# closed_by and thread, and every field a look depends on (``looks.look_key``).
-_ENTRY_FIELDS = tuple(
-    map(Entry._fields.index, ("time_created_ns", "time_started_ns", "time_completed_ns", "closed_by", "thread_id",
-                              "thread_name"))
-)  # fmt: skip
-_CREATED = Entry._fields.index("time_created_ns")
-_LOOK_FIELDS = tuple(dict.fromkeys(map(Entry._fields.index, LOOK_HEAD_FIELDS + LOOK_LAST_FIELDS)))

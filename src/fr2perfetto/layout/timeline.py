@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence, Set
 
 from ..base.model import EntriesByRank, Entry, Finding, Group, MatchedOp, ranks_label, time_range
-from ..base.speedups import SPEEDUPS as _speedups
 from ..base.text import shown
 from ..base.words import UNNAMED, group_called, lateness_track
 from ..read.columns import EntryRows
@@ -57,38 +56,21 @@ def ops_by_rank(ops: list[MatchedOp], ranks: Set[int] | None = None) -> dict[int
     """Index ops by the ranks that hold entries for them (or should have: missing ranks), of ``ranks`` only
     if given. Where ops hold rows of entries made when asked for, each rank's entries are made at once, all
     of them (the layout reads nearly every one)."""
-    held: list[Mapping[int, list[Entry]] | tuple[bytes, bytes]] = []
+    made: dict[int, list[Entry]] = {}  # rank -> its entries, where ops hold rows of them
     sources: dict[int, Mapping[int, Sequence[Entry]]] = {}  # id -> every rank's entries, as ops hold them
-    for op in ops:
-        entries = op.entries
-        if isinstance(entries, EntriesByRank):
-            held.append(entries.packed())
-            sources.setdefault(id(entries.sources), entries.sources)
-        else:
-            held.append(entries)
-    made: dict[int, list[Entry]] = {}
-    for source in sources.values():
-        for rank in source if ranks is None else ranks & source.keys():
-            if rank not in made:
-                made[rank] = list(source[rank])
-    if _speedups is not None:
-        return _speedups.ops_by_rank(ops, held, made, ranks)  # type: ignore[no-any-return]
-    return _ops_by_rank_in_python(ops, held, made, ranks)
-
-
-def _ops_by_rank_in_python(
-    ops: list[MatchedOp],
-    held: Sequence[Mapping[int, list[Entry]] | tuple[bytes, bytes]],
-    made: dict[int, list[Entry]],
-    ranks: Set[int] | None = None,
-) -> dict[int, list[tuple[MatchedOp, list[Entry]]]]:
-    """``ops_by_rank``, from each op's entries as ``held`` gives them: a mapping of rank -> its entries, or
-    (ranks, rows) as ``EntriesByRank.packed`` gives them, the entries at those rows of ``made[rank]``."""
     index: dict[int, list[tuple[MatchedOp, list[Entry]]]] = {}
-    for op, entries_by_rank in zip(ops, held, strict=True):
-        if isinstance(entries_by_rank, tuple):
+    for op in ops:
+        entries_by_rank = op.entries
+        if isinstance(entries_by_rank, EntriesByRank):
+            source = entries_by_rank.sources
+            if id(source) not in sources:
+                sources[id(source)] = source
+                for rank in source if ranks is None else ranks & source.keys():
+                    if rank not in made:
+                        made[rank] = list(source[rank])
+            packed_ranks, packed_rows = entries_by_rank.packed()
             parts: dict[int, list[Entry]] = {}
-            for rank, row in zip(array("i", entries_by_rank[0]), array("I", entries_by_rank[1]), strict=True):
+            for rank, row in zip(array("i", packed_ranks), array("I", packed_rows), strict=True):
                 if ranks is None or rank in ranks:
                     parts.setdefault(rank, []).append(made[rank][row])
             entries_by_rank = parts

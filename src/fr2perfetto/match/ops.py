@@ -55,11 +55,6 @@ from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
 from .pairs import CLOCK_MARGIN_NS, pair_ops
 
-# Where the C speed-ups find what they read in an Entry.
-_SCAN_FIELDS = tuple(
-    Entry._fields.index(name)
-    for name in ("time_created_ns", "op", "input_sizes", "input_dtypes", "state", "backend", "closed_by")
-)
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
 NO_GROUP = 0xFFFFFFFF  # in a rank's column of group indices: a group the rank does not know by that name
@@ -265,7 +260,7 @@ def _match_collectives_in_python(
 
     - the ops, in the order they are first met (rank by rank, row by row): (group index, seq, the rank
       of each of its rows and the rows (int32 and uint32 bytes), rank by rank in the order of ``ranks``, a
-      rank's rows in order, and the op's scan as ``_scan_in_python`` makes it where every rank holds one
+      rank's rows in order, and the op's scan as ``_scan`` makes it where every rank holds one
       entry, none in a coalesced group, else None; with the creation times as int64 bytes, and the index of the
       first rank's op name in ``op_names``). Entries' ops agree where their op names (the index
       ``op_names`` gives each op id) and their sizes' and dtypes' ids do: the ids of one set of tables are
@@ -356,17 +351,6 @@ def _widen_by_p2p(
 
 
 def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
-    """What ``_scan_in_python`` says; in C where the speed-ups are built and every rank holds one entry."""
-    if _speedups is not None:
-        if not isinstance(entries_by_rank, dict):
-            entries_by_rank = dict(entries_by_rank.items())
-        scanned = _speedups.scan_op(entries_by_rank, _SCAN_FIELDS, COMPLETED, SCHEDULED, NO_COMPLETION_BACKENDS)
-        if scanned is not None:
-            return scanned  # type: ignore[no-any-return]
-    return _scan_in_python(entries_by_rank)
-
-
-def _scan_in_python(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, list[int], list[str]]:
     """One pass over an op's entries: when the first rank enqueued it, whether every rank issued the
     same ops with the same sizes and dtypes, how many ranks have not completed it, and, in the order of
     ``entries_by_rank``, when each rank enqueued it (its first entry) and the state of its part.

@@ -16,14 +16,13 @@ dump never does), and it is the one way a few bytes could make one list that tho
 hold grow to millions of items after the count was taken.
 
 The model stops at the first opcode that needs a class or callable (``GLOBAL``, ``REDUCE``...): the
-unpickler refuses those itself (``safe_pickle``). ``scan`` here and ``_speedups.scan_pickle`` agree.
+unpickler refuses those itself (``safe_pickle``). Only a dump that ``_speedups.pickle_columns`` does not
+read (a 1.x dump, one PyTorch's pickler did not write, or where the speed-ups are not built) gets here.
 """
 
 from __future__ import annotations
 
 import struct
-
-from ..base.speedups import SPEEDUPS as _speedups
 
 MAX_DEPTH = 64  # a dump nests 5 deep (dict, entry list, entry, sizes, dims)
 
@@ -36,10 +35,7 @@ def max_nodes(size: int) -> int:
 
 def check(data: bytes) -> str | None:
     """Why a pickle must not be unpickled (one line), or None."""
-    limit = max_nodes(len(data))
-    if _speedups is not None:
-        return _speedups.scan_pickle(data, MAX_DEPTH, limit)  # type: ignore[no-any-return]
-    return scan(data, MAX_DEPTH, limit)
+    return scan(data, MAX_DEPTH, max_nodes(len(data)))
 
 
 # What each opcode does to the model, for opcodes with a fixed-size argument: its length.

@@ -3,7 +3,8 @@
 Event names, argument names and string values are interned on one packet sequence, so a name
 shared by thousands of ranks is written once. Track descriptors are built with Perfetto's protobuf
 classes; slice packets, which come by the million, are encoded by ``wire`` from the same schema, and
-the common ones by ``_speedups.encode_slices`` in C, byte for byte the same.
+the common ones of a rank laid out from rows (``layout.rows``) by ``_speedups.encode_rows`` in C, byte for
+byte the same.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import IO, NamedTuple, TypeVar
 
 from ..base.model import Entry, Frame
@@ -81,14 +81,6 @@ def _callstack(frames: tuple[Frame, ...]) -> bytes:
 _pack_u64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 _K = TypeVar("_K")
-# Where the fast encoder finds a rank's ids and times in an Entry.
-_ENTRY_FIELDS = tuple(
-    Entry._fields.index(name)
-    for name in (
-        "op_id", "record_id", "time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms",
-        "thread_name", "thread_id",
-    )
-)  # fmt: skip
 
 
 class _TrackCodes(NamedTuple):
@@ -369,11 +361,6 @@ class PerfettoWriter:
                 lambda index: self._slice_packets(slices[index], codes),
             )  # fmt: skip
             self.stats.launches += launches
-        elif _speedups is not None:
-            data, slice_count, marker_count, launches = _speedups.encode_slices(
-                slices, self._fast_context(codes), partial(self._slice_packets, codes=codes)
-            )
-            self.stats.launches += launches
         else:
             slice_count = marker_count = 0
             out: list[bytes] = []
@@ -422,12 +409,12 @@ class PerfettoWriter:
         return _TrackCodes(_BEGIN + track, _INSTANT + track, _TRACK_EVENT.bytes(_END + track))
 
     def _fast_context(self, codes: _TrackCodes) -> tuple[object, ...]:
-        """What ``_speedups.encode_slices`` needs to encode the slices that ``_slice_packets`` would
-        encode without interning anything new; see ``_speedups.c`` for the order."""
+        """What ``_speedups.encode_rows`` needs to encode the slices that ``_slice_packets`` would encode
+        without interning anything new; see ``_speedups.c`` for the order."""
         return (
             self._token, self._packet_head, codes.begin, codes.instant, codes.end_event, self._new_interned,
             self._op_ids, self._record_ids, self._threads, self._fact_heads,
-            _TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _FLOW_TAG, _INTERNED.tag, self._look, _ENTRY_FIELDS,
+            _TRACE_PACKET_TAG, _TRACK_EVENT_TAG, _FLOW_TAG, _INTERNED.tag, self._look,
         )  # fmt: skip
 
     def _slice_packets(self, item: Slice, codes: _TrackCodes) -> bytes:
