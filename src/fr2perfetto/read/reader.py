@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import re
 from collections.abc import Callable
@@ -142,7 +141,7 @@ def _shape_fields(shape: tuple[Any, ...], rank: int, caches: _Caches) -> tuple[A
     op, peers, is_p2p, state, retired, timeout, thread); ``GiveUp`` where that depends on more than them
     (a state inferred from the entry's times) or the entry would be skipped."""
     item: dict[str, Any] = dict(_NEUTRAL)
-    item.update(zip(_FAST_KEYS[_SHAPE_KEYS], shape, strict=True))
+    item.update(zip(_ENTRY_KEYS[_SHAPE_KEYS], shape, strict=True))
     state = item["state"]
     if type(state) is not str or state not in _STATES:
         raise columns.GiveUp("a state inferred from times")
@@ -341,14 +340,7 @@ def normalise(
     first_reason = ""
     for index, item in enumerate(raw_entries):
         try:
-            row = _read_entry_fast(item, rank, caches) if major == 2 else None
-            if row is not None:
-                entries.append(_new_tuple(Entry, row))
-                continue
-            entry = _read_entry(item, rank, major, pg_config, caches)
-            if major == 2:
-                _remember_shape(item, entry, caches)
-            entries.append(entry)
+            entries.append(_read_entry(item, rank, major, pg_config, caches))
         except _BadEntry as error:
             skipped += 1
             first_reason = first_reason or f"entry {index}: {error}"
@@ -609,7 +601,6 @@ class _Caches:
         self.groups: dict[tuple[object, ...], tuple[str, str]] = {}
         self.sizes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
         self.dtypes: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self.shapes: dict[tuple[object, ...], tuple[object, ...]] = {}
 
 
 def _checked_once(
@@ -737,82 +728,12 @@ def _read_entry(item: Any, rank: int, major: int, pg_config: dict[str, GroupConf
     )
 
 
-_new_tuple = tuple.__new__
-
-# The keys every 2.x entry has, fetched in one call.
-_FAST_KEYS = (
+# The keys every 2.x entry has: what ``_speedups.pickle_columns`` reads of an entry, in its field slots' order.
+_ENTRY_KEYS = (
     "record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
     "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms",
     "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames",
     "profiling_name", "process_group", "state", "retired", "is_p2p", "timeout_ms", "thread_id", "thread_name",
 )  # fmt: skip
-_fast_values = operator.itemgetter(*_FAST_KEYS)
-_WALK_KEYS = (*_FAST_KEYS, "entries")  # what pickle_columns looks for: its field slots are their order
+_WALK_KEYS = (*_ENTRY_KEYS, "entries")  # and the dump's own key that holds the entries
 _SHAPE_KEYS = slice(14, None)  # the fields an entry shares with most others of its rank
-
-
-def _read_entry_fast(item: Any, rank: int, caches: _Caches) -> tuple[Any, ...] | None:
-    """A 2.x entry with every key and the types PyTorch writes, read in one pass into a row of
-    ``Entry``'s fields (a plain tuple); None: read it in full.
-
-    The fields that repeat from entry to entry (op, group, state, thread...) are checked once per
-    distinct combination, by ``_read_entry`` itself, so both paths always agree.
-    """
-    try:
-        values = _fast_values(item)
-    except (KeyError, TypeError):
-        return None
-    record_id, pg_id, cseq, pseq, op_id, created, started, completed, duration = values[:9]
-    if not (
-        type(record_id) is int and type(pg_id) is int and type(cseq) is int and type(pseq) is int
-        and type(op_id) is int and type(created) is int
-        and 0 <= record_id <= _INT64_MAX and 0 <= pg_id <= _INT64_MAX and 0 <= cseq <= _INT64_MAX
-        and 0 <= pseq <= _INT64_MAX and 0 <= op_id <= _INT64_MAX and 0 <= created <= _INT64_MAX
-    ):  # fmt: skip
-        return None
-    if started is not None and not (type(started) is int and 0 <= started <= _INT64_MAX):
-        return None
-    if completed is not None and not (type(completed) is int and 0 <= completed <= _INT64_MAX):
-        return None
-    if duration is not None and not (type(duration) is float and math.isfinite(duration)):
-        return None
-    for container in values[9:13]:
-        if type(container) is not list and type(container) is not tuple:
-            return None
-    # True == 1 as a dict key: only the exact types PyTorch writes may share a remembered shape.
-    retired, is_p2p, timeout, thread_id, thread_name = values[17:22]
-    if not (
-        type(retired) is bool and type(is_p2p) is bool and type(timeout) is int
-        and type(thread_id) is str and type(thread_name) is str
-    ):  # fmt: skip
-        return None
-    shape_key = values[_SHAPE_KEYS]
-    try:
-        shape = caches.shapes.get(shape_key)
-        sizes_in = caches.sizes.get(_tuple_of_tuples(values[9]))
-        sizes_out = caches.sizes.get(_tuple_of_tuples(values[10]))
-        dtypes_in = caches.dtypes.get(tuple(values[11]))
-        dtypes_out = caches.dtypes.get(tuple(values[12]))
-    except TypeError:  # a list where PyTorch writes a tuple, or a number where a list belongs
-        return None
-    if shape is None or sizes_in is None or sizes_out is None or dtypes_in is None or dtypes_out is None:
-        return None  # first of its kind: the full read checks it and fills the caches
-    return (
-        rank, shape[0], shape[1], pg_id, record_id, cseq, pseq, op_id, shape[2], shape[3], shape[4], shape[5],
-        sizes_in, sizes_out, dtypes_in, dtypes_out, shape[6], shape[7], created, started or None, completed or None,
-        duration, shape[8], shape[9], shape[10], _frames(values[13], caches), None,
-    )  # fmt: skip
-
-
-def _remember_shape(item: dict[str, Any], entry: Entry, caches: _Caches) -> None:
-    """After a full read of a 2.x entry: let entries that share its repeating fields take the fast path."""
-    try:
-        values = _fast_values(item)
-        if type(values[16]) is not str or values[16] not in _STATES:
-            return  # its state is inferred from its times, which differ from entry to entry
-        caches.shapes[values[_SHAPE_KEYS]] = (
-            entry.group_name, entry.group_desc, entry.backend, entry.op, entry.p2p_local, entry.is_p2p,
-            entry.state, entry.retired, entry.timeout_ms, entry.thread_id, entry.thread_name,
-        )  # fmt: skip
-    except (KeyError, TypeError):
-        pass
