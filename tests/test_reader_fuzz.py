@@ -44,9 +44,20 @@ def _read_in_python(data: bytes):
         return read_dump("/fuzz/nccl_trace_rank_3", data)
 
 
+def _shapes_agree(data: bytes) -> None:
+    from fr2perfetto import _speedups
+    from fr2perfetto.read import pickle_shape
+
+    limit = pickle_shape.max_nodes(len(data))
+    assert _speedups.scan_pickle(data, pickle_shape.MAX_DEPTH, limit) == pickle_shape.scan(data, 64, limit)
+
+
 def _read(data: bytes) -> None:
-    """The C reader and the Python reader read the same; the C reader's columns are the reference's."""
+    """The C reader and the Python reader read the same; the C and Python shape checks of a pickle agree;
+    the C reader's columns are the reference's."""
     columns_agree("/fuzz/nccl_trace_rank_3", data)
+    if data[:1] == b"\x80":
+        _shapes_agree(data)
     try:
         dump = read_dump("/fuzz/nccl_trace_rank_3", data)
     except DumpError as error:
@@ -149,8 +160,8 @@ HOSTILE_VALUES = st.one_of(
 @pytest.mark.slow
 def test_hostile_shapes(which: int, edits: list[tuple[int, Any]]):
     """Deep nesting, shared-tuple bombs, lone surrogates, ranks and numbers out of range, anywhere in a
-    real pickle (pg_status keys included): the C reader and the shape check before the unpickler refuse
-    the first two alike, and whatever reads has text every output can encode."""
+    real pickle (pg_status keys included): the shape check refuses the first two in C and in Python
+    alike, and whatever reads has text every output can encode."""
     doc = copy.deepcopy(DECODED[which])
     paths = PATHS[which]
     for index, value in edits:
@@ -165,6 +176,7 @@ def test_hostile_shapes(which: int, edits: list[tuple[int, Any]]):
         except (KeyError, IndexError, TypeError):
             continue
     data = pickle.dumps(doc, protocol=2)
+    _shapes_agree(data)
     _read(data)
     with contextlib.suppress(DumpError):
         dump = read_dump("/fuzz/nccl_trace_rank_3", data)

@@ -15,6 +15,9 @@
  *   and written as a record, never as an object. Their twin is the object path of layout.streams and
  *   render.perfetto as a whole (timeline.ops_by_rank, Slice lists): the trace is the same, byte for byte.
  * - group_lateness() is the loop of stragglers.find_stragglers over a group's ops that every member issued.
+ * - scan_pickle() is pickle_shape.scan: how deep and how large what a pickle describes would be,
+ *   measured on a model of the unpickler's stack before a dump that pickle_columns leaves to the
+ *   restricted unpickler (a 1.x dump, one PyTorch's pickler did not write) is unpickled.
  *
  * Only the stable ABI of Python 3.10 is used (the limited API): one build, tagged cp310-abi3, loads on
  * every CPython from 3.10 on, so a wheel need not be made for each Python. Items of lists and tuples
@@ -1608,10 +1611,52 @@ done:
     return result;
 }
 
-/* ---- a pickle straight to columns ---------------------------------------------------------------- */
+/* ---- the shape of a pickle ---------------------------------------------------------------------- */
+
+/* pickle_shape.scan in C: the unpickler's stack modelled as each object's depth and node count. */
+typedef struct {
+    unsigned char *depth;
+    long long *nodes;
+    Py_ssize_t *ident; /* a list's, dict's or set's own number (0: any other object) */
+    Py_ssize_t len, cap;
+} ShapeStack;
 
 #define SHAPE_CAP (1LL << 62)
 #define GROWS_SHARED "corrupt pickle: a list or dict grows after it is shared"
+
+static int shape_grow(unsigned char **depth, long long **nodes, Py_ssize_t *cap, Py_ssize_t wanted) {
+    if (wanted <= *cap) return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 64;
+    while (cap2 < wanted) cap2 *= 2;
+    unsigned char *d = PyMem_Realloc(*depth, (size_t)cap2);
+    if (d == NULL) return -1;
+    *depth = d;
+    long long *n = PyMem_Realloc(*nodes, (size_t)cap2 * sizeof(long long));
+    if (n == NULL) return -1;
+    *nodes = n;
+    *cap = cap2;
+    return 0;
+}
+
+static int shape_push_ident(ShapeStack *s, unsigned char depth, long long nodes, Py_ssize_t ident) {
+    Py_ssize_t cap = s->cap;
+    if (shape_grow(&s->depth, &s->nodes, &cap, s->len + 1) < 0) return -1;
+    if (cap != s->cap) {
+        Py_ssize_t *id = PyMem_Realloc(s->ident, (size_t)cap * sizeof(Py_ssize_t));
+        if (id == NULL) return -1;
+        s->ident = id;
+        s->cap = cap;
+    }
+    s->depth[s->len] = depth;
+    s->nodes[s->len] = nodes;
+    s->ident[s->len] = ident;
+    s->len++;
+    return 0;
+}
+
+static int shape_push(ShapeStack *s, unsigned char depth, long long nodes) {
+    return shape_push_ident(s, depth, nodes, 0);
+}
 
 static long long shape_add(long long a, long long b) { return a + b > SHAPE_CAP ? SHAPE_CAP : a + b; }
 
@@ -1620,6 +1665,261 @@ static unsigned long long little_endian(const unsigned char *p, int width) {
     for (int i = width - 1; i >= 0; i--) value = (value << 8) | p[i];
     return value;
 }
+
+PyDoc_STRVAR(scan_pickle_doc, "scan_pickle(data, max_depth, max_nodes) -> str | None\n\n"
+                              "pickle_shape.scan: why a pickle must not be unpickled, or None.");
+
+static PyObject *scan_pickle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (!takes("scan_pickle", nargs, 3)) return NULL;
+    /* The reader passes bytes. Another buffer (bytearray, memoryview) is copied to bytes: the stable ABI
+     * of Python 3.10 has no buffer protocol (Py_buffer came to it in 3.11). */
+    PyObject *bytes = PyBytes_Check(args[0]) ? Py_NewRef(args[0]) : PyBytes_FromObject(args[0]);
+    if (bytes == NULL) return NULL;
+    char *text;
+    Py_ssize_t size;
+    long max_depth = PyLong_AsLong(args[1]);
+    long long max_nodes = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred() || PyBytes_AsStringAndSize(bytes, &text, &size) < 0) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)text;
+    Py_ssize_t end = size, pos = 0, max_memo = size;
+    ShapeStack stack = {NULL, NULL, NULL, 0, 0};
+    Py_ssize_t *marks = NULL, mark_len = 0, mark_cap = 0;
+    unsigned char *memo_depth = NULL;
+    long long *memo_nodes = NULL; /* -1: not defined */
+    Py_ssize_t *memo_ident = NULL, memo_cap = 0, memo_count = 0;
+    /* shared[k]: container k was fetched from the memo or duplicated; at most one container an opcode */
+    unsigned char *shared = PyMem_Calloc((size_t)end + 2, 1);
+    Py_ssize_t made = 0;
+    if (shared == NULL) {
+        Py_DECREF(bytes);
+        return PyErr_NoMemory();
+    }
+    const char *why = "truncated or corrupt pickle";
+    char buffer[64];
+    int failed = 0;
+#define FAIL(text)     \
+    do {               \
+        why = (text);  \
+        goto done;     \
+    } while (0)
+#define OOM()         \
+    do {              \
+        failed = 1;   \
+        goto done;    \
+    } while (0)
+#define NEED(n) \
+    if (pos + (n) > end) FAIL("truncated or corrupt pickle")
+#define FLOOR() (mark_len ? marks[mark_len - 1] : 0)
+    while (pos < end) {
+        unsigned char op = data[pos++];
+        Py_ssize_t index = -1;
+        int is_get = 0, is_put = 0;
+        switch (op) {
+        case '.':
+            why = NULL;
+            goto done;
+        case 'c': case 'R': case 'b': case 'i': case 'o': case 'P': case 'Q':
+        case 0x81: case 0x82: case 0x83: case 0x84: case 0x92: case 0x93: case 0x97: case 0x98:
+            why = NULL; /* the unpickler refuses it */
+            goto done;
+        case 0x80:
+            NEED(1);
+            if (data[pos] > 5) {
+                PyOS_snprintf(buffer, sizeof(buffer), "unsupported pickle protocol %d", data[pos]);
+                FAIL(buffer);
+            }
+            pos += 1;
+            continue;
+        case 0x95: NEED(8); pos += 8; continue;
+        case 'K': NEED(1); pos += 1; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
+        case 'M': NEED(2); pos += 2; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
+        case 'J': NEED(4); pos += 4; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
+        case 'G': NEED(8); pos += 8; if (shape_push(&stack, 0, 1) < 0) OOM(); continue;
+        case 'h': NEED(1); index = data[pos]; pos += 1; is_get = 1; break;
+        case 'j': NEED(4); index = (Py_ssize_t)little_endian(data + pos, 4); pos += 4; is_get = 1; break;
+        case 'q': NEED(1); index = data[pos]; pos += 1; is_put = 1; break;
+        case 'r': NEED(4); index = (Py_ssize_t)little_endian(data + pos, 4); pos += 4; is_put = 1; break;
+        case 'T': case 'U': case 'X': case 0x8c: case 0x8d: case 'B': case 'C': case 0x8e: case 0x96:
+        case 0x8a: case 0x8b: {
+            int width = (op == 'U' || op == 0x8c || op == 'C' || op == 0x8a) ? 1
+                        : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
+            NEED(width);
+            unsigned long long length = little_endian(data + pos, width);
+            pos += width;
+            if (op == 0x8b && (length & 0x80000000ULL)) FAIL("truncated or corrupt pickle"); /* negative */
+            if (length > (unsigned long long)(end - pos)) FAIL("truncated or corrupt pickle");
+            pos += (Py_ssize_t)length;
+            if (shape_push(&stack, 0, 1) < 0) OOM();
+            continue;
+        }
+        case 'F': case 'I': case 'L': case 'S': case 'V': case 'g': case 'p': {
+            const unsigned char *newline = memchr(data + pos, '\n', (size_t)(end - pos));
+            if (newline == NULL) FAIL("truncated or corrupt pickle");
+            Py_ssize_t start = pos;
+            pos = newline - data + 1;
+            if (op == 'g' || op == 'p') {
+                /* int(line): optional sign and spaces around digits, as Python's int() reads them */
+                Py_ssize_t i = start, stop = newline - data;
+                while (i < stop && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r')) i++;
+                while (stop > i && (data[stop - 1] == ' ' || data[stop - 1] == '\t' || data[stop - 1] == '\r')) stop--;
+                int negative = 0;
+                if (i < stop && (data[i] == '+' || data[i] == '-')) negative = data[i++] == '-';
+                if (i == stop) FAIL("corrupt pickle: memo index not a number");
+                long long value = 0;
+                for (; i < stop; i++) {
+                    if (data[i] == '_' && i + 1 < stop && data[i + 1] != '_') continue;
+                    if (data[i] < '0' || data[i] > '9') FAIL("corrupt pickle: memo index not a number");
+                    if (value < (1LL << 56)) value = value * 10 + (data[i] - '0');
+                }
+                index = negative ? -value : value;
+                if (op == 'g') is_get = 1; else is_put = 1;
+                break;
+            }
+            if (shape_push(&stack, 0, 1) < 0) OOM();
+            continue;
+        }
+        case 'N': case 0x88: case 0x89:
+            if (shape_push(&stack, 0, 1) < 0) OOM();
+            continue;
+        case ']': case '}': case ')': case 0x8f:
+            if (shape_push_ident(&stack, 1, 1, op == ')' ? 0 : ++made) < 0) OOM();
+            break;
+        case '(':
+            if (mark_len == mark_cap) {
+                Py_ssize_t cap2 = mark_cap ? mark_cap * 2 : 64;
+                Py_ssize_t *m = PyMem_Realloc(marks, (size_t)cap2 * sizeof(Py_ssize_t));
+                if (m == NULL) OOM();
+                marks = m;
+                mark_cap = cap2;
+            }
+            marks[mark_len++] = stack.len;
+            continue;
+        case 0x94: /* MEMOIZE */
+            index = memo_count; /* len(memo) */
+            is_put = 2;
+            break;
+        case 't': case 'l': case 'd': case 0x91: case 'e': case 'u': case 0x90: case '1': {
+            if (!mark_len) FAIL("corrupt pickle: no mark to pop to");
+            Py_ssize_t at = marks[--mark_len];
+            unsigned char deepest = 0;
+            long long total = 0;
+            for (Py_ssize_t k = at; k < stack.len; k++) {
+                if (stack.depth[k] > deepest) deepest = stack.depth[k];
+                total = shape_add(total, stack.nodes[k]);
+            }
+            stack.len = at;
+            if (op == '1') continue;
+            if (op == 'e' || op == 'u' || op == 0x90) {
+                if (!stack.len) FAIL("corrupt pickle: stack underflow");
+                if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
+                if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
+                stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
+            } else if (shape_push_ident(&stack, deepest + 1, shape_add(total, 1),
+                                        (op == 'l' || op == 'd') ? ++made : 0) < 0) {
+                OOM();
+            }
+            break;
+        }
+        case 0x85: case 0x86: case 0x87: {
+            Py_ssize_t count = op - 0x84;
+            if (stack.len - FLOOR() < count) FAIL("corrupt pickle: stack underflow");
+            unsigned char deepest = 0;
+            long long total = 1;
+            for (Py_ssize_t k = stack.len - count; k < stack.len; k++) {
+                if (stack.depth[k] > deepest) deepest = stack.depth[k];
+                total = shape_add(total, stack.nodes[k]);
+            }
+            stack.len -= count;
+            if (shape_push(&stack, deepest + 1, total) < 0) OOM();
+            break;
+        }
+        case 'a': case 's': {
+            Py_ssize_t count = op == 'a' ? 1 : 2;
+            if (stack.len - FLOOR() < count + 1) FAIL("corrupt pickle: stack underflow");
+            unsigned char deepest = 0;
+            long long total = 0;
+            for (Py_ssize_t k = stack.len - count; k < stack.len; k++) {
+                if (stack.depth[k] > deepest) deepest = stack.depth[k];
+                total = shape_add(total, stack.nodes[k]);
+            }
+            stack.len -= count;
+            if (shared[stack.ident[stack.len - 1]]) FAIL(GROWS_SHARED);
+            if (deepest + 1 > stack.depth[stack.len - 1]) stack.depth[stack.len - 1] = deepest + 1;
+            stack.nodes[stack.len - 1] = shape_add(stack.nodes[stack.len - 1], total);
+            break;
+        }
+        case '0':
+            if (mark_len && marks[mark_len - 1] == stack.len) mark_len--;
+            else if (stack.len) stack.len--;
+            else FAIL("corrupt pickle: stack underflow");
+            continue;
+        case '2':
+            if (!stack.len) FAIL("corrupt pickle: stack underflow");
+            if (stack.ident[stack.len - 1]) shared[stack.ident[stack.len - 1]] = 1;
+            if (shape_push_ident(&stack, stack.depth[stack.len - 1], stack.nodes[stack.len - 1],
+                                 stack.ident[stack.len - 1]) < 0)
+                OOM();
+            continue;
+        default:
+            PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: unknown opcode 0x%02x", op);
+            FAIL(buffer);
+        }
+        if (is_get) {
+            if (index < 0 || index >= memo_cap || memo_nodes[index] < 0) FAIL("corrupt pickle: memo index not defined");
+            if (shape_push_ident(&stack, memo_depth[index], memo_nodes[index], memo_ident[index]) < 0) OOM();
+            if (memo_ident[index]) shared[memo_ident[index]] = 1;
+            continue;
+        }
+        if (is_put) {
+            if (is_put == 1 && (index < 0 || index >= max_memo)) FAIL("corrupt pickle: memo index too large");
+            if (is_put == 2 && memo_count >= max_memo) FAIL("corrupt pickle: memo too large");
+            if (!stack.len) FAIL("corrupt pickle: nothing to memoise");
+            if (index >= memo_cap) {
+                Py_ssize_t old = memo_cap;
+                if (shape_grow(&memo_depth, &memo_nodes, &memo_cap, index + 1) < 0) OOM();
+                Py_ssize_t *id = PyMem_Realloc(memo_ident, (size_t)memo_cap * sizeof(Py_ssize_t));
+                if (id == NULL) OOM();
+                memo_ident = id;
+                for (Py_ssize_t k = old; k < memo_cap; k++) memo_nodes[k] = -1;
+            }
+            if (memo_nodes[index] < 0) memo_count++;
+            memo_depth[index] = stack.depth[stack.len - 1];
+            memo_nodes[index] = stack.nodes[stack.len - 1];
+            memo_ident[index] = stack.ident[stack.len - 1];
+            continue;
+        }
+        if (stack.len && (stack.depth[stack.len - 1] > max_depth || stack.nodes[stack.len - 1] > max_nodes)) {
+            if (stack.depth[stack.len - 1] > max_depth)
+                PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: nested more than %ld deep", max_depth);
+            else
+                PyOS_snprintf(buffer, sizeof(buffer), "corrupt pickle: describes more than %lld nodes", max_nodes);
+            FAIL(buffer);
+        }
+    }
+done:
+#undef FAIL
+#undef OOM
+#undef NEED
+#undef FLOOR
+    Py_DECREF(bytes);
+    PyMem_Free(stack.depth);
+    PyMem_Free(stack.nodes);
+    PyMem_Free(stack.ident);
+    PyMem_Free(marks);
+    PyMem_Free(memo_depth);
+    PyMem_Free(memo_nodes);
+    PyMem_Free(memo_ident);
+    PyMem_Free(shared);
+    if (failed) return PyErr_NoMemory();
+    if (why == NULL) Py_RETURN_NONE;
+    return PyUnicode_FromString(why);
+}
+
+/* ---- a pickle straight to columns ---------------------------------------------------------------- */
 
 /* pickle_columns() walks a dump's opcodes once and writes its entries as columns, without a Python
  * object per entry: each list, tuple and dict outside the entries is made once per distinct content
@@ -2514,6 +2814,7 @@ static PyMethodDef methods[] = {
     {"lay_out_rows", (PyCFunction)(void (*)(void))lay_out_rows, METH_FASTCALL, lay_out_rows_doc},
     {"encode_rows", (PyCFunction)(void (*)(void))encode_rows, METH_FASTCALL, encode_rows_doc},
     {"group_lateness", (PyCFunction)(void (*)(void))group_lateness, METH_FASTCALL, group_lateness_doc},
+    {"scan_pickle", (PyCFunction)(void (*)(void))scan_pickle, METH_FASTCALL, scan_pickle_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,11 +18,14 @@ hold grow to millions of items after the count was taken.
 The model stops at the first opcode that needs a class or callable (``GLOBAL``, ``REDUCE``...): the
 unpickler refuses those itself (``safe_pickle``). Only a dump that ``_speedups.pickle_columns`` does not
 read (a 1.x dump, one PyTorch's pickler did not write, or where the speed-ups are not built) gets here.
+``scan`` here and ``_speedups.scan_pickle`` agree.
 """
 
 from __future__ import annotations
 
 import struct
+
+from ..base.speedups import SPEEDUPS as _speedups
 
 MAX_DEPTH = 64  # a dump nests 5 deep (dict, entry list, entry, sizes, dims)
 
@@ -34,8 +37,12 @@ def max_nodes(size: int) -> int:
 
 
 def check(data: bytes) -> str | None:
-    """Why a pickle must not be unpickled (one line), or None."""
-    return scan(data, MAX_DEPTH, max_nodes(len(data)))
+    """Why a pickle must not be unpickled (one line), or None: in C where the speed-ups are built (the
+    reference reader reads a dump of 2000 entries in 20 ms, in 120 ms with ``scan`` here)."""
+    limit = max_nodes(len(data))
+    if _speedups is not None:
+        return _speedups.scan_pickle(data, MAX_DEPTH, limit)  # type: ignore[no-any-return]
+    return scan(data, MAX_DEPTH, limit)
 
 
 # What each opcode does to the model, for opcodes with a fixed-size argument: its length.
