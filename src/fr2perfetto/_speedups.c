@@ -1432,8 +1432,8 @@ static int put_row_facts(Buffer *event, Context *context, RowFacts *facts, Py_ss
     return 1;
 }
 
-/* One record's packets, as PerfettoWriter._slice_packets writes its Slice's: 1 a slice, 2 an instant, 0 not on the fast path
- * (nothing written), -1 error. */
+/* One record's packets, as PerfettoWriter._slice_packets writes its Slice's: 1 a slice, 2 an instant, 0 not
+ * on the fast path (nothing written), -1 error. */
 static int put_record(Buffer *out, Buffer *event, Context *context, const Record *record, PyObject *looks,
                       RowFacts *facts) {
     int instant = record->end == NO_END;
