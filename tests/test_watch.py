@@ -305,7 +305,8 @@ def test_a_folder_whose_ranks_say_how_they_ended(tmp_path: Path):
 def test_a_folder_whose_job_ended_with_its_stacks_standing_still_is_let_go_not_caught(tmp_path: Path):
     """The debug server's last snapshots stand still (its ranks waited in their last op) and then stop: when
     the stall has run, the workers they name are asked before any evidence is taken, and they are gone."""
-    stacks = (ROOT / "samples" / "gloo" / "pipeline_healthy" / "stacks_20261204_201557.txt").read_text()
+    # a snapshot the debug server wrote while the job ran (named by when: the samples' generator names them anew)
+    stacks = sorted((ROOT / "samples" / "gloo" / "pipeline_healthy").glob("stacks_2*.txt"))[0].read_text()
     ports = iter([free_port() for _ in range(4)])  # nothing listens there any more: the workers went away
     text = "".join(part if index % 2 == 0 else f"http://127.0.0.1:{next(ports)}"
                    for index, part in enumerate(re.split(r"(http://127\.0\.0\.1:\d+)", stacks)))  # fmt: skip
