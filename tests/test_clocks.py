@@ -6,7 +6,15 @@ import math
 import random
 import statistics
 
+import pytest
+
+from fr2perfetto.base.model import entries_of_ops, state_entry
 from fr2perfetto.match import clocks
+from fr2perfetto.match.ops import match_ops
+from fr2perfetto.read.columns import EntryRows
+from fr2perfetto.read.job import load_job
+
+from .conftest import ROOT
 
 
 def _by_definition(residuals: list[float], poll_ns: int) -> float:
@@ -27,3 +35,27 @@ def test_a_members_standard_error_is_the_exact_one_where_floats_would_settle_it(
         residuals = [centre + rng.gauss(0, spread) for _ in range(rng.randrange(clocks.MIN_TICKS, 60))]
         assert clocks._standard_error(residuals, poll) == _by_definition(residuals, poll), trial
     assert clocks._standard_error([1.0] * (clocks.MIN_TICKS - 1), 100_000) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("sample", "held_as"),
+    [("nccl/demo", {EntryRows, list}), ("nccl/pipeline_batched", {list}), ("nccl/straggler", {EntryRows}),
+     ("nccl/wrap", {EntryRows}), ("gloo/skip", {EntryRows})],
+)  # fmt: skip
+def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(sample: str, held_as: set[type]):
+    """Where a rank's entries are made from columns, an op's start and completion times are read from them,
+    with no entry made; elsewhere (a rank whose coalesced groups were tied together) from the entries: the
+    times of the entry that carries each rank's state, either way."""
+    job = load_job([str(ROOT / "samples" / sample)], jobs=1)
+    ops = match_ops(job)
+    assert {type(dump.entries) for dump in job.dumps.values()} == held_as
+    expected = [
+        [
+            (rank, state_entry(parts).time_started_ns, state_entry(parts).time_completed_ns)
+            for rank, parts in held.items()
+        ]
+        for held in entries_of_ops(ops)
+    ]
+    assert clocks._state_times(ops) == expected
+    completed = sum(time is not None for parts in expected for _, _, time in parts)
+    assert completed >= 20 if sample.startswith("nccl") else completed == 0  # gloo records no completion

@@ -189,6 +189,12 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
                   "time_started_ns", "timeout_ms", "duration_ms")  # fmt: skip
         for field in fields:
             assert entries.distinct(field) == {getattr(e, field) for e in expected}, field
+        rows = [len(expected) - 1, 0, 2, 0]
+        # read from a column where it is an integer one, else made
+        for field in (*fields, "record_id", "time_completed_ns"):
+            assert entries.values(field, rows) == [getattr(expected[row], field) for row in rows], field
+        with pytest.raises(IndexError):
+            entries.values("time_completed_ns", [len(expected)])
         for seq in {e.collective_seq for e in expected} | {-1, 10**6}:
             assert entries.rows_with("collective_seq", seq) == [
                 row for row, e in enumerate(expected) if e.collective_seq == seq
@@ -231,3 +237,29 @@ def test_a_send_and_its_recv_are_held_as_rows_and_are_the_entries_paired():
         for rank, entries in op.entries.items():
             assert [(e.rank, e.is_p2p) for e in entries] == [(rank, True)] * len(entries)
             assert entries[0].op in (("send", "isend") if rank == op.peers[0] else ("recv", "irecv"))
+
+
+@pytest.mark.parametrize(
+    "sample", ["nccl/demo", "nccl/wrap", "nccl/stuck", "nccl/pipeline_stage_stopped", "gloo/size_mismatch", "gloo/skip"]
+)
+def test_an_op_settled_as_it_is_filed_is_what_classifying_it_says(sample: str):
+    """An op every member issued alike and completed is settled as the matcher files it, unclassified: its
+    status and name are what ``classify`` and the majority say of it. Only the ops that are not OK reach
+    the rules that look for a cause (``Evidence.unsettled``)."""
+    from dataclasses import replace
+
+    from fr2perfetto.base.model import OK, majority_op
+    from fr2perfetto.diagnose.evidence import gather_evidence
+    from fr2perfetto.match.ops import classify, match_ops
+    from fr2perfetto.read.job import load_job
+
+    job = load_job([str(ROOT / "samples" / sample)], jobs=1)
+    ops = match_ops(job)
+    for op in ops:
+        again = replace(op, status=OK, mismatch="", mismatch_ranks=())
+        classify(again)
+        assert (again.status, again.mismatch, again.mismatch_ranks) == (op.status, op.mismatch, op.mismatch_ranks)
+        assert op.name == majority_op(op.entries), op.title
+    unsettled = gather_evidence(job, ops).unsettled
+    assert unsettled == [op for op in ops if op.status != OK]
+    assert 0 < len(unsettled) < len(ops)

@@ -104,7 +104,7 @@ def assign_blame(evidence: Evidence) -> Blame:
             victims.add(rank)
     causes.sort(key=lambda op: op.first_time_ns)
     odd_members = {
-        op.op_key: odd for op in evidence.ops
+        op.op_key: odd for op in evidence.unsettled
         if op.status == MISMATCH and (odd := odd_member(siblings, op) or _parted_in(evidence, siblings, op))
     }  # fmt: skip
     return Blame(culprits, cycles, causes, victims, skipped, odd_members)
@@ -115,7 +115,7 @@ def _skippers(evidence: Evidence, component: set[int], siblings: Siblings) -> di
     went on past it, with what shows it: each one's first such op per group is tested."""
     tested: set[tuple[int, str]] = set()
     found: dict[int, tuple[MatchedOp, str]] = {}
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.status != MISSING or not any(r in component for r in op.entries):
             continue
         for rank in op.missing:
@@ -132,7 +132,7 @@ def _parted(evidence: Evidence, component: set[int], siblings: Siblings) -> tupl
     """The rank of a sink component whose stream of ops left the program (``streams.parting``) at the
     first collective some members never issued, that op, and what shows it."""
     tested: set[str] = set()
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.status != MISSING or op.kind != "collective" or op.group.name in tested:
             continue
         if not any(r in component for r in op.entries) or not any(r in component for r in op.missing):

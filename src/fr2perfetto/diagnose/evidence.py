@@ -48,6 +48,10 @@ class Evidence:
 
     job: Job
     ops: list[MatchedOp]
+    # the ops that are not ``OK``, in the order of ``ops``: what the rules that look for a cause read. The
+    # others (at thousands of ranks, all but a handful) completed alike on every member, or nothing says
+    # otherwise; only what measures time (clocks, stragglers, late comers) reads them.
+    unsettled: list[MatchedOp] = field(default_factory=list)
     waits: dict[int, Wait] = field(default_factory=dict)  # rank -> its blocking op
     queued: dict[int, list[MatchedOp]] = field(default_factory=dict)  # rank -> pending ops behind it
     timed: bool = False  # start events were recorded (TORCH_NCCL_ENABLE_TIMING)
@@ -64,13 +68,14 @@ class Evidence:
 
 def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
     """Find every rank's blocking op and what it waits for, the ops queued behind them, and the clocks."""
-    evidence = Evidence(job, ops, timed=_start_events_recorded(job), clocks=estimate_clocks(ops))
+    unsettled = [op for op in ops if op.status != OK]
+    evidence = Evidence(job, ops, unsettled, timed=_start_events_recorded(job), clocks=estimate_clocks(ops))
     no_dump = set(job.missing_ranks)
     listed = _groups_listed(job) if no_dump else set()
     # rank -> unit -> (when the rank issued it, its waits); a unit is one op, or one batch of sends and
     # recvs, which completes only once all of them do: it waits for what any of them waits for
     units: dict[int, dict[int, tuple[int, list[Wait]]]] = {}
-    for op in ops:
+    for op in ops if no_dump else unsettled:  # an OK op is waited in only where a member left no dump
         why = _why_pending(op, no_dump, evidence.timed) or _waits_on_lost_dump(job, op, no_dump, listed)
         if why is None:
             continue
@@ -262,9 +267,7 @@ def _find_queued(evidence: Evidence, blocked_since: dict[int, int]) -> None:
     (``blocked_since``: when each rank issued its blocking op)."""
     if not blocked_since:
         return
-    for op in evidence.ops:
-        if op.status == OK:
-            continue
+    for op in evidence.unsettled:
         for rank, state, created in zip(op.entries, op.states, op.created_ns, strict=True):
             since = blocked_since.get(rank)
             if since is None or state == COMPLETED or created <= since or evidence.waits[rank].op is op:

@@ -50,14 +50,15 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
     judged: dict[Group, tuple[dict[int, int], int, bool]] = {}  # group -> (offsets, threshold, aligned)
     whole: dict[Group, list[MatchedOp]] = {}  # ops every member issued, judged group by group in C
     for op in evidence.ops:
-        if op.kind != "collective" or op.missing or len(op.entries) < 2:
+        parts = len(op.created_ns)  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
+        if parts < 2 or op.kind != "collective" or op.missing:
             continue
         group = op.group
         how = judged.get(group)
         if how is None:
             how = judged[group] = _how_to_judge(evidence, group, one_host)
         considered[group] += 1
-        if _speedups is not None and not op.unknown and len(op.entries) == len(group.members) == len(op.created_ns):
+        if _speedups is not None and not op.unknown and parts == len(group.members):
             whole.setdefault(group, []).append(op)
         else:
             _judge(op, how, evidence, lags)

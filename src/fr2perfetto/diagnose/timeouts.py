@@ -45,9 +45,10 @@ def find_late_entries(evidence: Evidence) -> list[CameLate]:
     # comes on top of the margin): that settles nearly every op on its raw times, unaligned
     never_late_ns = MIN_MARGIN_NS - (max(offsets) - min(offsets))
     for op in evidence.ops:
-        if op.kind != "collective" or len(op.entries) < 2 or op.group in found:
+        enqueued = op.created_ns  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
+        if len(enqueued) < 2 or op.kind != "collective" or op.group in found:
             continue
-        if max(op.created_ns) - min(op.created_ns) <= never_late_ns:
+        if max(enqueued) - min(enqueued) <= never_late_ns:
             continue
         created = {rank: clocks.aligned(rank, when) for rank, when in zip(op.entries, op.created_ns, strict=True)}
         first_rank = min(created, key=created.__getitem__)

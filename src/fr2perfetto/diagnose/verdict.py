@@ -252,10 +252,10 @@ def rule_missing(context: _Context) -> list[Finding]:
     findings = []
     seen: set[Group] = set()
     missing_seqs: dict[Group, list[int]] = {}  # every op some members never issued, by group
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.status == MISSING:
             missing_seqs.setdefault(op.group, []).append(op.seq)
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.status != MISSING or op.kind != "collective" or op.group in seen:
             continue
         seen.add(op.group)
@@ -334,7 +334,7 @@ def rule_mismatch(context: _Context) -> list[Finding]:
     """Ops whose members disagree on op, size or dtype: the minority is to blame (if there is one)."""
     evidence = context.evidence
     findings = []
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.status != MISMATCH:
             continue
         kind = MISMATCH_KINDS[op.mismatch]
@@ -465,7 +465,7 @@ def rule_p2p(context: _Context) -> list[Finding]:
     evidence, blame = context.evidence, context.blame
     findings = []
     seen: set[tuple[Group, tuple[int, int] | None]] = set()
-    for op in evidence.ops:
+    for op in evidence.unsettled:
         if op.kind != "p2p" or op.status != MISSING or not op.peers or (op.group, op.peers) in seen:
             continue
         seen.add((op.group, op.peers))
@@ -818,7 +818,7 @@ def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informationa
         return Verdict(SLOW, culprits, CATEGORY_STRAGGLER, f"{SLOW}: {top.summary}",
                        [f.summary for f in informational])  # fmt: skip
     no_dump = [f for f in findings if f.kind == KIND_NO_DUMP]
-    alone = {rank for op in ops for rank in op.entries}
+    alone = _ranks_with_ops(ops, 2)
     if len(alone) == 1:  # one rank's ops: matched against nothing
         (rank,) = alone
         if no_dump:
@@ -833,6 +833,17 @@ def _without_a_cause(findings: list[Finding], ops: list[MatchedOp], informationa
                        f"undecided: {no_dump[0].summary}; every op matched on the ranks with a dump, but without "
                        "theirs nothing says they were well", [no_dump[0].summary])  # fmt: skip
     return Verdict(HEALTHY, (), CATEGORY_NONE, "healthy: every op matched on every rank", [])
+
+
+def _ranks_with_ops(ops: list[MatchedOp], enough: int) -> set[int]:
+    """The ranks that hold a part in ``ops``, found until there are ``enough`` of them (in a job of many
+    ranks, its first op names that many: the millions of parts after it are not visited)."""
+    ranks: set[int] = set()
+    for op in ops:
+        ranks.update(op.entries)
+        if len(ranks) >= enough:
+            break
+    return ranks
 
 
 def _gpu_side_first(ranked: list[Finding]) -> list[Finding]:

@@ -70,9 +70,9 @@ class Highlights:
     # counter; ``Evidence.enqueue_medians``); None where it has one member
     enqueued: dict[int, int | None] = field(default_factory=dict)
     group_offsets: dict[Group, dict[int, int]] = field(default_factory=dict)  # ``stragglers.group_offsets``
-    # op key -> the entry (of one op alone) whose look was made last, and that look: a rank whose entry
-    # agrees with it on every field of look_key takes it without a key made (``_speedups``)
-    last_looks: dict[int, tuple[Entry, SliceLook]] = field(default_factory=dict)
+    # op key -> the look made last of what ran of it, issued as one entry: what ``_speedups.lay_out_rows``
+    # draws a collective issued as one entry with (``Looks.prepare``)
+    last_looks: dict[int, SliceLook] = field(default_factory=dict)
     enqueue_looks: dict[int, SliceLook] = field(default_factory=dict)  # collective's op key -> its enqueue's look
     _roles_by_rank: dict[int, frozenset[int]] | None = None
 
@@ -220,7 +220,7 @@ class Looks:
         if look is None:
             look = self.looks[key] = op_look(op, entries, head, last, self.highlights, role)
         if role is None and head is last and op.kind == "collective":  # what the C layout takes
-            self.last_looks[op.op_key] = (head, look)
+            self.last_looks[op.op_key] = look
         return look
 
     def lateness_offset(self, group: Group) -> int:
@@ -229,7 +229,7 @@ class Looks:
         return offsets.get(self.rank, 0) if offsets else 0
 
     def prepare(self, op: MatchedOp, entries: list[Entry]) -> bool:
-        """Make the looks ``_speedups.lay_out_collectives`` reads for a collective this rank issued as one
+        """Make the looks ``_speedups.lay_out_rows`` reads for a collective this rank issued as one
         entry (what ran, its enqueue, its lateness's reference); False where it is not a collective."""
         if op.kind != "collective":
             return False

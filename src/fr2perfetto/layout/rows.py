@@ -201,7 +201,7 @@ class JobRows:
             if not looks.prepare(op, [entries[row]]):
                 return None
             key = op.op_key
-            return numbers(looks.last_looks[key][1]), numbers(looks.enqueue_looks[key]), looks.references[key]
+            return numbers(looks.last_looks[key]), numbers(looks.enqueue_looks[key]), looks.references[key]
 
         columns = tuple(_column(entries, name) for name in _LAYOUT_COLUMNS)
         look_columns = tuple(_column(entries, name) for name in LOOK_COLUMNS)

@@ -22,8 +22,11 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import sub
 
-from ..base.model import COMPLETED, Group, MatchedOp, entries_of_ops, state_entry
+from ..base.model import COMPLETED, EntriesByRank, Group, MatchedOp, entries_of_ops, state_entry
+from ..read.columns import EntryRows
 
 SAMPLE_BUDGET = 200_000  # (rank, op) completion times used at most, over every group
 MIN_OPS, MAX_OPS = 16, 64  # the newest completed collectives of each group that are used
@@ -105,42 +108,89 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
                 break
     per_group = {}
     noticed: dict[int, list[int]] = {}
-    # every chosen op's entries, made at once: thousands of ops, each of every member
-    held = iter(entries_of_ops([op for picked in chosen.values() for op in picked]))
+    # every chosen op's times, read at once: thousands of ops, each of every member
+    held = iter(_state_times([op for picked in chosen.values() for op in picked]))
     for group, picked in chosen.items():
         samples = []
-        for _, entries_by_rank in zip(picked, held, strict=False):  # held goes on with the next group
-            last = [(rank, state_entry(entries)) for rank, entries in entries_by_rank.items()]
-            times = [(rank, entry.time_completed_ns) for rank, entry in last]
+        for _, parts in zip(picked, held, strict=False):  # held goes on with the next group
+            times = [(rank, completed) for rank, _, completed in parts]
             if all(time for _, time in times):
                 samples.append(times)
-                for rank, entry in last:
+                for rank, started, completed in parts:
                     seen = noticed.get(rank)
                     if seen is None:
                         seen = noticed[rank] = []
-                    if entry.time_started_ns is not None:
-                        seen.append(entry.time_started_ns)
-                    seen.append(entry.time_completed_ns)  # type: ignore[arg-type]  # each checked above
+                    if started is not None:
+                        seen.append(started)
+                    seen.append(completed)  # type: ignore[arg-type]  # each checked above
         if len(samples) >= 3:
             per_group[group] = samples
     return per_group, noticed  # type: ignore[return-value]
 
 
+def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int | None]]]:
+    """Per op, (rank, started, completed) of each rank's part, as its state entry (``state_entry``) says,
+    ranks in the order of ``op.entries``. A rank whose entries are made from columns (``EntryRows``, where
+    no entry closes a coalesced group: its state entry is its last in the op) has the times read from its
+    columns, in one call for all of ``ops``, with no entry made; any other from its entries."""
+    columns_of: dict[int, EntryRows | None] = {}  # rank -> its entries, where they are made from columns
+    readable: dict[int, bool] = {}  # rank -> whether they are
+    rows_of: dict[int, list[int]] = {}  # rank -> the row of its state entry, op after op
+    plan: list[list[int] | None] = []  # per op: the ranks whose times are read, in order; None: entries made
+    made: list[MatchedOp] = []
+    for op in ops:
+        parts = op.entries
+        if isinstance(parts, EntriesByRank):
+            last_rows = dict(parts.rows())  # rank -> its last row in the op
+            if not columns_of.keys() >= last_rows.keys():  # a rank met for the first time
+                for rank in last_rows.keys() - columns_of.keys():
+                    source = parts.entries_source(rank)
+                    columns_of[rank] = source if isinstance(source, EntryRows) else None
+                    readable[rank] = columns_of[rank] is not None
+            if all(map(readable.__getitem__, last_rows)):
+                for rank, row in last_rows.items():
+                    rows_of.setdefault(rank, []).append(row)
+                plan.append(list(last_rows))
+                continue
+        plan.append(None)
+        made.append(op)
+    read = {}
+    for rank, rows in rows_of.items():
+        columns = columns_of[rank]
+        assert columns is not None
+        started, completed = columns.values("time_started_ns", rows), columns.values("time_completed_ns", rows)
+        read[rank] = zip(started, completed, strict=True)
+    held = iter(entries_of_ops(made))
+    times = []
+    for ranks in plan:
+        if ranks is None:
+            states = [(rank, state_entry(entries)) for rank, entries in next(held).items()]
+            times.append([(rank, entry.time_started_ns, entry.time_completed_ns) for rank, entry in states])
+        else:
+            times.append([(rank, *next(read[rank])) for rank in ranks])
+    return times
+
+
 def _group_clock(samples: list[list[tuple[int, int]]], poll: int) -> GroupClock:
+    """One group's clock: each member's offset against the others, from the completions of its ops
+    (``samples``: per op, (member, completion time)), and how sure that is."""
     offsets: dict[int, float] = {}
     residuals: dict[int, list[float]] = {}
-    times: dict[int, list[int]] = {}
+    times: dict[int, list[int]] = {}  # member -> its completion times, op after op, as its residuals go
+    for op in samples:
+        for rank, time in op:
+            times.setdefault(rank, []).append(time)
+    # each op's members and times apart, which the rounds map over in C (a group of thousands of ranks)
+    apart = [tuple(zip(*op, strict=True)) for op in samples]
     # Where ops join some members only (sends and recvs of a pipeline), an offset travels one hop
     # per round: as many rounds as the chain may be long.
-    members = {rank for op in samples for rank, _ in op}
-    partial = any(len(op) < len(members) for op in samples)
-    for _ in range(ROUNDS * len(members) if partial else ROUNDS):
-        residuals, times = {}, {}
-        for op in samples:
-            centre = _trimmed_mean([t - offsets.get(r, 0.0) for r, t in op])
-            for rank, time in op:
-                residuals.setdefault(rank, []).append(time - centre)
-                times.setdefault(rank, []).append(time)
+    partial = any(len(op) < len(times) for op in samples)
+    for _ in range(ROUNDS * len(times) if partial else ROUNDS):
+        residuals = {rank: [] for rank in times}  # in the order members first come, as ``times``
+        for ranks, completed in apart:
+            centre = _trimmed_mean(list(map(sub, completed, map(offsets.get, ranks, repeat(0.0)))))
+            for rank, residual in zip(ranks, map(sub, completed, repeat(centre)), strict=True):
+                residuals[rank].append(residual)
         offsets = {rank: _trimmed_mean(values) for rank, values in residuals.items()}
         middle = statistics.median(offsets.values())
         offsets = {rank: value - middle for rank, value in offsets.items()}

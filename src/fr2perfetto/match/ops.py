@@ -88,7 +88,8 @@ def match_ops(job: Job) -> list[MatchedOp]:
                 _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
 
     ops: list[MatchedOp] = []
-    scans: dict[int, tuple[bool, int, str | None]] = {}  # id(op) -> (alike, pending, its op name if known)
+    # each op not settled where it is filed, with (alike, pending, its op name if known) for ``classify``
+    to_classify: list[tuple[MatchedOp, bool, int, str | None]] = []
     entries_of = {rank: dump.entries for rank, dump in job.dumps.items()}
     # each group's members as the matcher files ranks (int32 bytes): an op every member issued once is
     # found by one comparison (the common case), its absent members by none
@@ -112,7 +113,10 @@ def match_ops(job: Job) -> list[MatchedOp]:
         if not every_member:
             _find_absent(op, job, covered)
         ops.append(op)
-        scans[id(op)] = (alike, pending, known)
+        if every_member and known is not None and not pending:
+            op.name = known  # every member issued it alike and completed it: OK, as ``classify`` would say
+        else:
+            to_classify.append((op, alike, pending, known))
     for pair in pair_ops(job, p2p_by_rank):
         held = _held_as_rows(pair.entries, p2p_row_of, entries_of)
         first_time, alike, pending, created, states = _scan(held)
@@ -122,11 +126,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
             created_ns=created, states=states,
         )  # fmt: skip
         ops.append(op)
-        scans[id(op)] = (alike, pending, None)
+        to_classify.append((op, alike, pending, None))
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
-        alike, pending, known = scans[id(op)]
+    for op, alike, pending, known in to_classify:
         if known is not None:
             op.name = known
         else:  # when every rank issued the same ops, the first rank's op is the majority's

@@ -356,6 +356,18 @@ class EntryRows(Sequence[Entry]):
             raise IndexError("entry index out of range")
         return self.rows((row,))[0]
 
+    def values(self, field: str, rows: Sequence[int]) -> list[Any]:
+        """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column where it
+        is an integer one, with no entry made."""
+        kind, data, _ = self._sources[Entry._fields.index(field)]
+        if kind not in ("q", "Q") or type(data) is not bytes:
+            return [getattr(entry, field) for entry in self.rows(rows)]
+        column = memoryview(data).cast("q")
+        if max(rows, default=0) >= self._count:
+            raise IndexError("entry index out of range")
+        values = [column[row] for row in rows]
+        return values if kind == "q" else [None if value == NONE else value for value in values]
+
     def distinct(self, field: str) -> set[Any]:
         """The values that one of ``Entry``'s fields takes, from its column where it can (a table's ids, an
         integer column), else from the entries."""
