@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from fr2perfetto.base.model import entries_of_ops, state_entry
+from fr2perfetto.base.model import state_entry
 from fr2perfetto.match import clocks
 from fr2perfetto.match.ops import match_ops
 from fr2perfetto.read.columns import EntryRows
@@ -54,7 +54,7 @@ def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(samp
             (rank, state_entry(parts).time_started_ns, state_entry(parts).time_completed_ns)
             for rank, parts in held.items()
         ]
-        for held in entries_of_ops(ops)
+        for held in (op.entries for op in ops)
     ]
     assert clocks._state_times(ops) == expected
     completed = sum(time is not None for parts in expected for _, _, time in parts)

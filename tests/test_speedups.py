@@ -208,7 +208,8 @@ def test_entries_are_made_from_columns_the_same_in_c_and_python():
 def test_entries_are_made_at_rows_the_same_in_c_and_python():
     assert SPEEDUPS is not None
     rows = [_entry(op_id=n, record_id=n, time_created_ns=NOW + n) for n in range(5)]
-    sources = columns.entry_sources(columns.from_entries(0, rows))
+    made = columns.from_entries(0, rows)
+    sources = columns.entry_sources(0, columns.column_bytes(made), made.tables)
     wanted = array("I", [4, 0, 2, 2]).tobytes()
     in_c = SPEEDUPS.entries_from_columns(Entry, 5, sources, wanted)
     assert in_c == columns.entries_in_python(Entry, 5, sources, wanted) == [rows[4], rows[0], rows[2], rows[2]]

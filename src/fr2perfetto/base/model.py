@@ -375,7 +375,7 @@ class MatchedOp:
     peers: tuple[int, int] | None = None  # p2p: (source, destination) global ranks
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
     name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
-    first_time_ns: int = 0  # when the first rank enqueued it (set by the matcher)
+    first_time_ns: int = 0  # when the first rank enqueued it, the least of ``created_ns`` (set by the matcher)
     # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry),
     # and the state of each rank's part (that of its state entry).
     created_ns: Sequence[int] = field(default_factory=list)
@@ -407,32 +407,6 @@ def distinct_values(entries: Sequence[Entry], field: str) -> set[Any]:
     if distinct is not None:
         return distinct(field)  # type: ignore[no-any-return]
     return set(map(attrgetter(field), entries))
-
-
-def entries_of_ops(ops: Sequence[MatchedOp]) -> list[Mapping[int, list[Entry]]]:
-    """Each op's ``entries``, as a dict: where ops hold rows of entries made when asked for, each rank's are
-    made in one call for all of ``ops``, not one call per op and rank. Ops that hold their entries otherwise
-    give them as they are."""
-    wanted: dict[int, list[int]] = {}  # rank -> its rows, op after op
-    sources: dict[int, Sequence[Entry]] = {}
-    for op in ops:
-        if isinstance(op.entries, EntriesByRank):
-            for rank, row in op.entries.rows():
-                if rank not in wanted:
-                    wanted[rank] = []
-                    sources[rank] = op.entries.entries_source(rank)
-                wanted[rank].append(row)
-    made = {rank: iter(entries_at(sources[rank], rows)) for rank, rows in wanted.items()}
-    held: list[Mapping[int, list[Entry]]] = []
-    for op in ops:
-        if not isinstance(op.entries, EntriesByRank):
-            held.append(op.entries)
-            continue
-        parts: dict[int, list[Entry]] = {}
-        for rank, _ in op.entries.rows():
-            parts.setdefault(rank, []).append(next(made[rank]))
-        held.append(parts)
-    return held
 
 
 def majority_op(entries_by_rank: Mapping[int, list[Entry]]) -> str:

@@ -48,7 +48,7 @@ def find_late_entries(evidence: Evidence) -> list[CameLate]:
         enqueued = op.created_ns  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
         if len(enqueued) < 2 or op.kind != "collective" or op.group in found:
             continue
-        if max(enqueued) - min(enqueued) <= never_late_ns:
+        if max(enqueued) - op.first_time_ns <= never_late_ns:  # the matcher's first_time_ns: min(enqueued)
             continue
         created = {rank: clocks.aligned(rank, when) for rank, when in zip(op.entries, op.created_ns, strict=True)}
         first_rank = min(created, key=created.__getitem__)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 
-from ..base.model import COMPLETED, EntriesByRank, Group, MatchedOp, entries_of_ops, state_entry
+from ..base.model import COMPLETED, EntriesByRank, Group, MatchedOp, state_entry
 from ..read.columns import EntryRows
 
 SAMPLE_BUDGET = 200_000  # (rank, op) completion times used at most, over every group
@@ -132,12 +132,12 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
     """Per op, (rank, started, completed) of each rank's part, as its state entry (``state_entry``) says,
     ranks in the order of ``op.entries``. A rank whose entries are made from columns (``EntryRows``, where
     no entry closes a coalesced group: its state entry is its last in the op) has the times read from its
-    columns, in one call for all of ``ops``, with no entry made; any other from its entries."""
+    columns, in one call for all of ``ops``, with no entry made; any other (a rank whose coalesced groups
+    were tied together, rare) from its entries."""
     columns_of: dict[int, EntryRows | None] = {}  # rank -> its entries, where they are made from columns
     readable: dict[int, bool] = {}  # rank -> whether they are
     rows_of: dict[int, list[int]] = {}  # rank -> the row of its state entry, op after op
-    plan: list[list[int] | None] = []  # per op: the ranks whose times are read, in order; None: entries made
-    made: list[MatchedOp] = []
+    plan: list[list[int] | MatchedOp] = []  # per op: the ranks whose times are read, in order; or the op
     for op in ops:
         parts = op.entries
         if isinstance(parts, EntriesByRank):
@@ -152,19 +152,17 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
                     rows_of.setdefault(rank, []).append(row)
                 plan.append(list(last_rows))
                 continue
-        plan.append(None)
-        made.append(op)
+        plan.append(op)
     read = {}
     for rank, rows in rows_of.items():
         columns = columns_of[rank]
         assert columns is not None
         started, completed = columns.values("time_started_ns", rows), columns.values("time_completed_ns", rows)
         read[rank] = zip(started, completed, strict=True)
-    held = iter(entries_of_ops(made))
     times = []
     for ranks in plan:
-        if ranks is None:
-            states = [(rank, state_entry(entries)) for rank, entries in next(held).items()]
+        if isinstance(ranks, MatchedOp):
+            states = [(rank, state_entry(entries)) for rank, entries in ranks.entries.items()]
             times.append([(rank, entry.time_started_ns, entry.time_completed_ns) for rank, entry in states])
         else:
             times.append([(rank, *next(read[rank])) for rank in ranks])

@@ -362,7 +362,6 @@ def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, l
     At thousands of ranks, reaching each entry in memory costs more than what is done with it, so
     everything the matcher and the diagnosis need of the entries is taken in this one visit.
     """
-    first_time = -1
     alike = True
     reference: Entry | tuple[object, ...] | None = None
     pending = 0
@@ -372,8 +371,6 @@ def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, l
         head = entries[0]
         created = head.time_created_ns
         created_ns.append(created)
-        if created < first_time or first_time < 0:
-            first_time = created
         if len(entries) == 1:
             if reference is None:
                 reference = head
@@ -395,7 +392,7 @@ def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, l
         states.append(last.state)
         if last.state != COMPLETED and tracks_completion(last):
             pending += 1
-    return first_time, alike, pending, created_ns, states
+    return min(created_ns, default=-1), alike, pending, created_ns, states
 
 
 def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:

@@ -1,8 +1,8 @@
 """A rank's entries as columns: fixed-width arrays, one value per entry, and ids into interned tables.
 
 The columnar core (docs/scaling.md, "The columnar core"): the reader writes these, a reading process
-sends them to the parent, and the parent makes ``Entry`` objects from them (for now: later, entries are
-views of a row) and keeps the columns the matcher files collectives by (``KEPT_COLUMNS``). Every column
+sends their bytes to the parent (``ColumnBytes``), and the parent makes ``Entry`` objects from those when
+asked for (``EntryRows``), whose columns the matcher files collectives by (``KEPT_COLUMNS``). Every column
 is the standard library's ``array``; None, where a field may be None, is a sentinel:
 
 =================  ==========  ===================================================================
@@ -57,6 +57,9 @@ TYPES = {
 COLUMNS = tuple(TYPES)
 
 Tables = dict[str, list[Any]]
+# A rank's columns as their bytes (column -> its values' machine bytes, of its ``TYPES`` code): what a
+# reading process sends the parent, and what entries are made from, with no array made on the way
+ColumnBytes = dict[str, bytes]
 # What the matcher reads of a rank's columns (``RankDump.columns``, ``EntryRows.kept_columns``), and the
 # field of ``Entry`` each column is read into
 _KEPT_FIELDS = {
@@ -193,14 +196,6 @@ def _renumbered(raw: bytes, value_of: Callable[[int], Hashable], table: dict[Any
     return _from_bytes("I", gather(raw, remap.tobytes(), 4))
 
 
-def _remapped(ids: array[int], remap: list[int]) -> array[int]:
-    """Each of ``ids`` replaced by ``remap[id]`` (an error for an id past it): in C where it is built (a job
-    of thousands of ranks remaps each rank's group ids), else as a map."""
-    if _speedups is None:
-        return array("I", map(remap.__getitem__, ids))
-    return _from_bytes("I", gather(ids.tobytes(), array("I", remap).tobytes(), 4))
-
-
 class JobTables:
     """The job's tables, each value once: a rank's are merged in and its id columns remapped to them.
     ``canonical`` (value -> itself) makes equal strings and tuples one object across ranks."""
@@ -226,30 +221,39 @@ class JobTables:
 
     def merge(self, rank: RankColumns) -> RankColumns:
         """``rank`` with its id columns remapped to the job's tables (which take what they lack of its)."""
-        remaps = {}
-        for name in TABLES:
-            ids, values = self.ids[name], self.values[name]
+        merged = self.merged_bytes(column_bytes(rank), rank.tables)
+        columns = {name: _from_bytes(TYPES[name], data) for name, data in merged.items()}
+        return RankColumns(rank.rank, columns, self.values)
+
+    def merged_bytes(self, columns: ColumnBytes, tables: Tables) -> ColumnBytes:
+        """``merge`` of a rank's columns as bytes (``tables``: those its ids index): its id columns remapped
+        to the job's tables, every other column as it is."""
+        remaps: dict[str, bytes | None] = {}  # table -> each of the rank's ids' in the job's; None: the same
+        for table in TABLES:
+            ids, values = self.ids[table], self.values[table]
             remap = []
-            for value in rank.tables[name]:
+            for value in tables[table]:
                 known = ids.get(value)
                 if known is None:
                     known = ids[value] = len(values)
                     values.append(self._shared(value))
                 remap.append(known)
-            remaps[name] = remap
-        columns = dict(rank.columns)
+            remaps[table] = array("I", remap).tobytes() if remap != list(range(len(remap))) else None
+        merged = dict(columns)
         for name, table in ID_COLUMNS.items():
-            remap = remaps[table]
-            if name in columns and remap != list(range(len(remap))):
-                columns[name] = _remapped(columns[name], remap)
-        return RankColumns(rank.rank, columns, self.values)
+            in_job = remaps[table]
+            if name in merged and in_job is not None:
+                merged[name] = gather(merged[name], in_job, 4)
+        return merged
 
-    def fill(self, dump: RankDump, rank: RankColumns) -> None:
-        """Give ``dump`` its entries, made from ``rank`` when asked for (``EntryRows``, which the matcher
-        reads the columns of), after ``rank``'s tables are merged into the job's: every name, size, dtype
-        list and stack one object across the job's ranks, and one id per value in every rank's columns."""
-        merged = self.merge(rank)
-        dump.entries = EntryRows(len(merged), entry_sources(merged, self.canonical), self.values)
+    def fill(self, dump: RankDump, columns: ColumnBytes, tables: Tables) -> None:
+        """Give ``dump`` its entries, made from its ``columns`` (as bytes, ids into ``tables``) when asked
+        for (``EntryRows``, which the matcher reads the columns of), after its tables are merged into the
+        job's: every name, size, dtype list and stack one object across the job's ranks, and one id per
+        value in every rank's columns."""
+        merged = self.merged_bytes(columns, tables)
+        count = len(merged["created"]) // 8
+        dump.entries = EntryRows(count, entry_sources(dump.rank, merged, self.values, self.canonical), self.values)
         dump.columns = None
 
 
@@ -425,6 +429,11 @@ class EntryRows(Sequence[Entry]):
         return repr(list(self))  # as the list of its entries would print
 
 
+def column_bytes(rank: RankColumns) -> ColumnBytes:
+    """``rank``'s columns as their bytes."""
+    return {name: column.tobytes() for name, column in rank.columns.items()}
+
+
 def to_entries(
     rank: RankColumns,
     make: MakeEntries = make_entries,
@@ -434,26 +443,29 @@ def to_entries(
     """``rank``'s entries, made by ``make``; each pair of peers ``canonical``'s (value -> itself), as every
     other tuple in them is the tables', and each id, seq and timeout ``ints``' (value -> itself)."""
     count = len(rank)
-    return make(Entry, count, entry_sources(rank, canonical, {} if ints is None else ints)) if count else []
+    sources = entry_sources(rank.rank, column_bytes(rank), rank.tables, canonical, {} if ints is None else ints)
+    return make(Entry, count, sources) if count else []
 
 
 def entry_sources(
-    rank: RankColumns, canonical: dict[Any, Any] | None = None, ints: dict[int, int] | None = None
+    rank: int,
+    c: ColumnBytes,
+    t: Tables,
+    canonical: dict[Any, Any] | None = None,
+    ints: dict[int, int] | None = None,
 ) -> list[Source]:
-    """Where each of ``rank``'s entries' fields comes from (``Source``): its columns' bytes (each column's
-    once, whichever fields read it) and the tables (``to_entries`` says what ``canonical`` and ``ints`` are
-    for; without ``ints``, each entry made has ints of its own: entries made when asked for are let go)."""
-    t = rank.tables
-    c = {name: column.tobytes() for name, column in rank.columns.items()}
+    """Where each of ``rank``'s entries' fields comes from (``Source``): its columns' bytes ``c`` (each
+    column's once, whichever fields read it) and the tables ``t`` its ids index (``to_entries`` says what
+    ``canonical`` and ``ints`` are for; without ``ints``, each entry made has ints of its own: entries made
+    when asked for are let go)."""
     groups, ops, threads = t["groups"], t["ops"], t["threads"]
     canonical = {} if canonical is None else canonical
     peers: Source = ("c", None, None)  # no send or recv: no peers
-    sources_of_peers = rank.columns["p2p_src"]
     # every one NONE (the common case, compared as bytes), else as max() says
-    if c["p2p_src"] != _NONE_I32 * len(sources_of_peers) and max(sources_of_peers, default=NONE) != NONE:
+    if c["p2p_src"] != _NONE_I32 * (len(c["p2p_src"]) // 4) and max(array("i", c["p2p_src"]), default=NONE) != NONE:
         pairs = [
             None if src == NONE else canonical.setdefault((src, dst), (src, dst))
-            for src, dst in zip(rank.columns["p2p_src"], rank.columns["p2p_dst"], strict=True)
+            for src, dst in zip(array("i", c["p2p_src"]), array("i", c["p2p_dst"]), strict=True)
         ]
         peers = ("v", pairs, None)
 
@@ -464,7 +476,7 @@ def entry_sources(
         return (part, c[name], table)
 
     sources: list[Source] = [
-        ("c", None, rank.rank),
+        ("c", None, rank),
         looked_up("group", groups, "0"),
         looked_up("group", groups, "1"),
         shared("pg_id"), shared("record_id"), shared("collective_seq"), shared("p2p_seq"), shared("op_id"),

@@ -22,7 +22,6 @@ from ..base.model import (
     Group,
     LoadProblem,
     LogEvent,
-    RankColumns,
     RankDump,
     StackSnapshot,
     group_counts,
@@ -31,7 +30,7 @@ from ..base.model import (
 )
 from ..base.pools import process_pool
 from ..base.text import is_number, path_text, shown
-from .columns import JobTables
+from .columns import ColumnBytes, JobTables, Tables, column_bytes
 from .files import parse_dump_name
 from .inputs import SMALL_TEXT_LIMIT, TEXT_LIMIT, Found, find_inputs, read_limited
 from .logs import parse_log
@@ -121,14 +120,24 @@ def _problem_or(read: Callable[[str], _Read], path: str) -> _Read | LoadProblem:
         return LoadProblem(path, f"unreadable dump ({type(error).__name__}: {str(error)[:120]})")
 
 
-# Entries cross from a reading process to the parent as columns (``read.columns``): a few arrays and
-# small tables per rank, where pickling one object per entry would cost several times as much.
-Packed = tuple[RankDump, RankColumns]
+# Entries cross from a reading process to the parent as columns (``read.columns``): a few byte strings
+# and small tables per rank, where pickling one object per entry would cost several times as much. Bytes,
+# not arrays: the parent makes the entries from bytes, and an array would be copied into bytes there.
+Packed = tuple[RankDump, ColumnBytes, Tables]
 
 
 def _read_packed(path: str, max_bytes: int = MAX_DUMP_BYTES) -> Packed | LoadProblem:
-    """In a reading process: read one dump, its entries as columns."""
-    return _problem_or(partial(read_dump_columns, max_bytes=max_bytes), path)
+    """In a reading process: read one dump, its entries as columns (``_packed``)."""
+    return _packed(path, max_bytes)
+
+
+def _packed(path: str, max_bytes: int) -> Packed | LoadProblem:
+    """Read one dump, its entries as columns, as a reading process sends it to the parent."""
+    read = _problem_or(partial(read_dump_columns, max_bytes=max_bytes), path)
+    if isinstance(read, LoadProblem):
+        return read
+    dump, rank_columns = read
+    return dump, column_bytes(rank_columns), rank_columns.tables
 
 
 def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadProblem:
@@ -136,8 +145,8 @@ def _unpack(packed: Packed | LoadProblem, tables: JobTables) -> RankDump | LoadP
     ranks share one object per name, size, dtype list or stack) and its entries made from its columns."""
     if isinstance(packed, LoadProblem):
         return packed
-    dump, rank_columns = packed
-    tables.fill(dump, rank_columns)
+    dump, rank_columns, rank_tables = packed
+    tables.fill(dump, rank_columns, rank_tables)
     return dump
 
 
@@ -164,7 +173,7 @@ def read_files(
     tables = JobTables(canonical)
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            result = _unpack(_problem_or(partial(read_dump_columns, max_bytes=max_bytes), path), tables)
+            result = _unpack(_packed(path, max_bytes), tables)
             if progress:
                 progress(1)
             yield _share_configs(result, canonical)

@@ -77,7 +77,7 @@ def read_dump(path: str, data: bytes | None = None, max_bytes: int = MAX_DUMP_BY
     if walked is None:
         return read_dump_reference(path, data, max_bytes)
     dump, rank_columns = walked
-    columns.JobTables({}).fill(dump, rank_columns)
+    columns.JobTables({}).fill(dump, columns.column_bytes(rank_columns), rank_columns.tables)
     return dump
 
 
