@@ -9,6 +9,7 @@ from unittest import mock
 
 import pytest
 
+from fr2perfetto.base.model import Entry
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.read import columns, reader
 from fr2perfetto.read.reader import DumpError, read_dump_columns, read_dump_reference
@@ -188,6 +189,15 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
                   "time_started_ns", "timeout_ms", "duration_ms")  # fmt: skip
         for field in fields:
             assert entries.distinct(field) == {getattr(e, field) for e in expected}, field
+        # a column that holds one value in every row (its timeout, its thread) is held as that value, and
+        # given as the bytes it was wherever a column is asked for
+        reference = columns.column_bytes(columns.from_entries(dump.rank, expected))
+        assert {"timeout_ms", "thread_id"} <= {Entry._fields[index] for index in entries._constant}
+        asked = {"timeout": "timeout_ms", "thread": "thread_id", "created": "time_created_ns", "state": "state",
+                 "completed": "time_completed_ns", "group": "group_name"}  # fmt: skip
+        for name, field in asked.items():
+            assert entries.column(field) == reference[name], name
+        assert entries.kept_columns() == {name: reference[name] for name in columns.KEPT_COLUMNS}
         rows = [len(expected) - 1, 0, 2, 0]
         # read from a column where it is an integer one, else made
         for field in (*fields, "record_id", "time_completed_ns"):

@@ -314,18 +314,20 @@ def make_entries(entry_type: type[Entry], count: int, sources: list[Source], row
 
 class EntryRows(Sequence[Entry]):
     """A rank's entries, made from its columns when asked for and held by no one here: a job of millions
-    of entries holds their columns (about 150 bytes an entry), not the entries (about 400).
+    of entries holds their columns (about 150 bytes an entry), not the entries (about 400). A column that
+    holds one value in every row is held as that value (``_constants``): a rank's timeout, its thread, its
+    peers where it sends nothing, a third of an entry's bytes in a large job's dumps.
 
     Each access makes new ``Entry`` objects, equal to those made before but not the same objects:
     compare entries with ``==``, never ``is``. Iterating makes them a chunk of rows at a time.
     """
 
-    __slots__ = ("_count", "_sources", "tables")
+    __slots__ = ("_constant", "_count", "_sources", "tables")
     CHUNK = 4096  # rows made at once while iterating: one C call each, little held
 
     def __init__(self, count: int, sources: list[Source], tables: Tables | None = None) -> None:
         self._count = count
-        self._sources = sources
+        self._sources, self._constant = _constants(count, sources)
         self.tables = tables  # those the sources' ids index, where they are a set of tables (``fill``)
 
     def kept_columns(self) -> dict[str, bytes] | None:
@@ -333,16 +335,21 @@ class EntryRows(Sequence[Entry]):
         ``tables``); None without tables."""
         if self.tables is None:
             return None
-        return {name: self._sources[Entry._fields.index(field)][1] for name, field in _KEPT_FIELDS.items()}
+        kept = {name: self.column(field) for name, field in _KEPT_FIELDS.items()}
+        return kept if all(column is not None for column in kept.values()) else None  # type: ignore[return-value]
 
     def __len__(self) -> int:
         return self._count
 
     def column(self, field: str) -> bytes | None:
         """The bytes of the column that one of ``Entry``'s fields is read from (ids, where it is read from a
-        table), or None where it is not read from a column."""
-        kind, data, _ = self._sources[Entry._fields.index(field)]
-        return data if kind in ("q", "Q", "d", "I", "B", "0", "1") and type(data) is bytes else None
+        table), or None where it is not read from a column; a column held as its one value is made again."""
+        index = Entry._fields.index(field)
+        constant = self._constant.get(index)
+        if constant is not None:
+            return constant * self._count
+        kind, data, _ = self._sources[index]
+        return data if kind in _WIDTHS and type(data) is bytes else None
 
     def rows(self, rows: Sequence[int]) -> list[Entry]:
         """The entries at ``rows``, in their order."""
@@ -362,13 +369,15 @@ class EntryRows(Sequence[Entry]):
 
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column where it
-        is an integer one, with no entry made."""
-        kind, data, _ = self._sources[Entry._fields.index(field)]
-        if kind not in ("q", "Q") or type(data) is not bytes:
+        is an integer one (or one value), with no entry made."""
+        kind, data, extra = self._sources[Entry._fields.index(field)]
+        if kind not in ("q", "Q", "c") or (kind != "c" and type(data) is not bytes):
             return [getattr(entry, field) for entry in self.rows(rows)]
-        column = memoryview(data).cast("q")
         if max(rows, default=0) >= self._count:
             raise IndexError("entry index out of range")
+        if kind == "c":
+            return [extra] * len(rows)
+        column = memoryview(data).cast("q")
         values = [column[row] for row in rows]
         return values if kind == "q" else [None if value == NONE else value for value in values]
 
@@ -398,7 +407,9 @@ class EntryRows(Sequence[Entry]):
     def rows_with(self, field: str, value: int) -> list[int]:
         """The rows whose integer field ``field`` (a seq, an id, a time) holds ``value``, ascending: found in
         the column's bytes, with no entry made."""
-        kind, data, _ = self._sources[Entry._fields.index(field)]
+        kind, data, extra = self._sources[Entry._fields.index(field)]
+        if kind == "c":  # one value in every row
+            return list(range(self._count)) if extra == value else []
         if kind != "q" or not -(2**63) <= value < 2**63:  # a column with None in it, or no such value
             return [row for row, entry in enumerate(self) if getattr(entry, field) == value]
         needle = array("q", [value]).tobytes()
@@ -427,6 +438,25 @@ class EntryRows(Sequence[Entry]):
 
     def __repr__(self) -> str:
         return repr(list(self))  # as the list of its entries would print
+
+
+_WIDTHS = {"q": 8, "Q": 8, "d": 8, "I": 4, "B": 1, "0": 4, "1": 4}  # bytes per row of a source's column
+
+
+def _constants(count: int, sources: list[Source]) -> tuple[list[Source], dict[int, bytes]]:
+    """``sources`` where each column that holds one value in every row is that value, as an entry made from
+    it holds it (a ``"c"`` source); and those columns' one value as bytes, by field index."""
+    made, constant = list(sources), {}
+    first: Entry | None = None
+    for index, (kind, data, _) in enumerate(sources):
+        width = _WIDTHS.get(kind)
+        if width is None or type(data) is not bytes or count < 2 or data != data[:width] * count:
+            continue
+        if first is None:
+            first = make_entries(Entry, count, sources, bytes(4))[0]  # row 0, made as any other row
+        made[index] = ("c", None, first[index])
+        constant[index] = data[:width]
+    return made, constant
 
 
 def column_bytes(rank: RankColumns) -> ColumnBytes:
