@@ -136,7 +136,7 @@ def _matched(job: object) -> list[tuple[object, ...]]:
 @pytest.mark.parametrize("sample", ["gloo/type_mismatch", "gloo/size_mismatch", "nccl/wrap"])
 def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(sample: str):
     """Columns read together share one set of tables; a dump read on its own (from an archive) has its own,
-    and one whose entries changed (redaction, coalesced groups) holds its entries and no columns: the
+    and one whose entries changed (redaction, coalesced groups) holds its entries, not columns: the
     matcher moves them all into one set, so that equal ids mean equal values (else one rank's op could
     pass for another's, and a mismatch go unseen), and matches the same ops."""
     from fr2perfetto.read.job import load_job
@@ -145,19 +145,16 @@ def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(
     expected = _matched(load_job([folder], jobs=1))
     for rank in sorted(load_job([folder], jobs=1).dumps):
         job = load_job([folder], jobs=1)
-        entries = job.dumps[rank].entries
-        assert isinstance(entries, columns.EntryRows) and job.dumps[rank].columns is None
-        read = entries.kept_columns()
-        assert read is not None and entries.tables is not None
-        kept = columns.RankColumns(
-            rank, {n: columns.array(columns.TYPES[n], read[n]) for n in columns.KEPT_COLUMNS}, entries.tables
-        )
+        dump = job.dumps[rank]
+        assert isinstance(dump.entries, columns.EntryRows) and dump.entries.tables is not None
+        _, read = read_dump_columns(dump.path)
         other = columns.JobTables({})  # every value of every table at another id: the last first
-        for name, values in kept.tables.items():
+        for name, values in dump.entries.tables.items():
             for value in reversed(values):
                 other.ids[name][value] = len(other.values[name])
                 other.values[name].append(value)
-        job.dumps[rank].columns = other.merge(kept)
+        other.fill(dump, columns.column_bytes(read), read.tables)  # its entries made from ids into those
+        assert isinstance(dump.entries, columns.EntryRows) and dump.entries.tables is other.values
         assert _matched(job) == expected, rank
     job = load_job([folder], jobs=1)
     for dump in list(job.dumps.values())[:2]:

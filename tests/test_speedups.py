@@ -237,19 +237,20 @@ def _match_inputs() -> tuple[dict[int, list[Entry]], list[match.RankInput], byte
             _entry(rank=2, group_name="1", collective_seq=9)],
     }  # fmt: skip
     tables = columns.JobTables({})
-    made = {rank: tables.merge(columns.from_entries(rank, rows)) for rank, rows in entries.items()}
+    made = {}
+    for rank, held in entries.items():
+        read = columns.from_entries(rank, held)
+        made[rank] = tables.merged_bytes(columns.column_bytes(read), read.tables)
     names: dict[str, int] = {}
     op_names = array("I", [names.setdefault(op, len(names)) for _, op in tables.values["ops"]]).tobytes()
     untracked = bytes(backend == "gloo" for backend, _ in tables.values["ops"])
     group_index = {("0", "default_pg"): 0, ("1", "default_pg"): 1}
     inputs: list[match.RankInput] = []
-    for rank, rank_columns in made.items():
-        c = rank_columns.columns
-        groups = array("I", [group_index[tables.values["groups"][g]] for g in c["group"]]).tobytes()
+    for rank, c in made.items():
+        groups = array("I", [group_index[tables.values["groups"][g]] for g in array("I", c["group"])]).tobytes()
         flagged = bytes([0, 0, 0, 0, 0, 1, 0]) if rank == 0 else None  # rank 0's gloo op: in a coalesced group
-        inputs.append((rank, len(entries[rank]), groups, c["collective_seq"].tobytes(), c["op"].tobytes(),
-                       c["input_sizes"].tobytes(), c["input_dtypes"].tobytes(), c["state"].tobytes(),
-                       c["created"].tobytes(), c["is_p2p"].tobytes(), flagged))  # fmt: skip
+        inputs.append((rank, len(entries[rank]), groups, c["collective_seq"], c["op"], c["input_sizes"],
+                       c["input_dtypes"], c["state"], c["created"], c["is_p2p"], flagged))  # fmt: skip
     return entries, inputs, op_names, untracked
 
 

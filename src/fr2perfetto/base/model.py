@@ -164,10 +164,6 @@ class RankDump:
     # groups whose collectives' seqs were renumbered (batches of older PyTorch consumed seqs): there a
     # send's or recv's collective seq is still on the old count
     renumbered_groups: list[str] = field(default_factory=list)
-    # ``entries`` as columns, their ids into tables shared by the ranks read together (``read.columns``),
-    # for what reads many entries at once (the matcher), where the entries are not made from columns that
-    # it reads (``EntryRows``); else None. Whoever replaces or changes the entries must reset it.
-    columns: RankColumns | None = None
 
     @property
     def has_timing(self) -> bool:

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from operator import attrgetter
 
 from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, distinct_values, ranks_label
-from ..read.columns import first_uses
 from ..read.job import Job
 
 _op_of = attrgetter("op")
@@ -51,7 +50,6 @@ def link_coalesced(job: Job) -> None:
             ends[op] = closes_coalesced_group(op)
         if not any(ends[op] for op in ops):
             continue  # most ranks never coalesce: nothing to link
-        dump.columns = None  # its entries change here: the matcher reads them instead
         burnt = _link_rank(dump, ends)
         if burnt:
             _renumber_collectives(job, dump, burnt)
@@ -71,12 +69,9 @@ def link_coalesced(job: Job) -> None:
 
 
 def _op_names(dump: RankDump) -> set[str]:
-    """The names of the ops ``dump`` holds: from its op column where it has one (without making each
-    entry), else from its entries."""
-    if dump.columns is None:
-        return distinct_values(dump.entries, "op")
-    ops = dump.columns.tables["ops"]  # (backend, op) pairs
-    return {ops[op_id][1] for op_id in first_uses(dump.columns.columns["op"].tobytes())}
+    """The names of the ops ``dump`` holds: from its op column where its entries are made from columns
+    (without making each entry), else from its entries."""
+    return distinct_values(dump.entries, "op")
 
 
 def _link_rank(dump: RankDump, ends: dict[str, bool]) -> dict[str, list[int]]:

@@ -2,8 +2,8 @@
 
 Collectives match on (group, collective seq), where group means name plus members; send/recv by
 their order within each pair (``pairs``); coalesced groups are tied together first (``coalesce``).
-Collectives are filed from the ranks' columns (``RankDump.columns``: group, seq, op, sizes, dtypes, state
-and creation time as arrays, ids into tables the ranks share), in one pass in C, where whether an op's
+Collectives are filed from the ranks' columns (``EntryRows.kept_columns``: group, seq, op, sizes, dtypes,
+state and creation time as bytes, ids into tables the ranks share), in one pass in C, where whether an op's
 ranks agree is a comparison of ids; the entries themselves are only put where they belong. Every entry
 is visited a constant number of times (hash joins), so the cost grows linearly with the number of
 entries.
@@ -30,7 +30,6 @@ from ..base.model import (
     Entry,
     Group,
     MatchedOp,
-    RankColumns,
     RankDump,
     entries_at,
     head_entry,
@@ -42,10 +41,10 @@ from ..base.speedups import SPEEDUPS as _speedups
 from ..read.columns import (
     KEPT_COLUMNS,
     STATES,
-    TYPES,
     EntryRows,
     JobTables,
     Tables,
+    column_bytes,
     first_uses,
     from_entries,
     gather,
@@ -180,10 +179,8 @@ Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str], in
 
 def _kept_columns(dump: RankDump) -> tuple[dict[str, bytes], Tables | None]:
     """The columns of ``dump`` the matcher reads (``KEPT_COLUMNS``), as bytes, and the tables their ids
-    index: the dump's ``columns`` where it has them, else those its entries are made from; None for tables
-    where it has neither (its entries are held, and their columns must be made)."""
-    if dump.columns is not None:
-        return {name: dump.columns.columns[name].tobytes() for name in KEPT_COLUMNS}, dump.columns.tables
+    index: those its entries are made from; None for tables where its entries are not made from columns
+    (they are held, and their columns must be made)."""
     if isinstance(dump.entries, EntryRows):
         kept = dump.entries.kept_columns()
         if kept is not None:
@@ -198,12 +195,10 @@ def _take_collective_columns(
     each rank's input, and per op id of the tables the ids index, its name's index (one per op name) and
     whether its backend records no completion.
 
-    The columns are those the reader made (those the entries are made from, ``EntryRows.kept_columns``,
-    or else ``RankDump.columns``), with ids into tables every rank shares; a rank without them (entries
-    made otherwise, or changed since) has them made from its entries, and where the ranks' columns do not
-    share their tables they are merged into one set. A dump's ``columns`` are taken from it as they are
-    read (nothing reads them after the matcher), so that they and the bytes made of them for the matcher
-    are not held both at once across the job.
+    The columns are those the reader made (those the entries are made from, ``EntryRows.kept_columns``),
+    with ids into tables every rank shares; a rank without them (entries made otherwise, or changed since)
+    has them made from its entries, and where the ranks' columns do not share their tables they are merged
+    into one set.
     """
     read = {rank: _kept_columns(dump) for rank, dump in job.dumps.items()}
     uses = Counter(id(tables) for _, tables in read.values() if tables is not None)
@@ -219,13 +214,10 @@ def _take_collective_columns(
             if tables is None:
                 tables = JobTables.going_on_from(most) if most is not None else JobTables({})
                 most = tables.values
-            made = (
-                RankColumns(rank, {name: array(TYPES[name], c[name]) for name in KEPT_COLUMNS}, rank_tables)
-                if rank_tables is not None
-                else from_entries(rank, dump.entries, KEPT_COLUMNS)
-            )
-            merged = tables.merge(made)
-            c, rank_tables = {name: column.tobytes() for name, column in merged.columns.items()}, merged.tables
+            if rank_tables is None:
+                made = from_entries(rank, dump.entries, KEPT_COLUMNS)
+                c, rank_tables = column_bytes(made), made.tables
+            c, rank_tables = tables.merged_bytes(c, rank_tables), tables.values
         known = named[rank]
         table = rank_tables["groups"]
         remap = array("I", [NO_GROUP]) * len(table)
@@ -238,7 +230,6 @@ def _take_collective_columns(
         flagged = None
         if not isinstance(dump.entries, EntryRows) and any(entry.closed_by is not None for entry in dump.entries):
             flagged = bytes(entry.closed_by is not None for entry in dump.entries)
-        dump.columns = None
         inputs.append((
             rank, len(dump.entries), gather(c["group"], remap.tobytes(), 4), c["collective_seq"], c["op"],
             c["input_sizes"], c["input_dtypes"], c["state"], c["created"], c["is_p2p"], flagged,

@@ -60,7 +60,7 @@ Tables = dict[str, list[Any]]
 # A rank's columns as their bytes (column -> its values' machine bytes, of its ``TYPES`` code): what a
 # reading process sends the parent, and what entries are made from, with no array made on the way
 ColumnBytes = dict[str, bytes]
-# What the matcher reads of a rank's columns (``RankDump.columns``, ``EntryRows.kept_columns``), and the
+# What the matcher reads of a rank's columns (``EntryRows.kept_columns``), and the
 # field of ``Entry`` each column is read into
 _KEPT_FIELDS = {
     "group": "group_name", "collective_seq": "collective_seq", "op": "op", "input_sizes": "input_sizes",
@@ -219,15 +219,9 @@ class JobTables:
             value = tuple(self.canonical.setdefault(part, part) for part in value)
         return self.canonical.setdefault(value, value)
 
-    def merge(self, rank: RankColumns) -> RankColumns:
-        """``rank`` with its id columns remapped to the job's tables (which take what they lack of its)."""
-        merged = self.merged_bytes(column_bytes(rank), rank.tables)
-        columns = {name: _from_bytes(TYPES[name], data) for name, data in merged.items()}
-        return RankColumns(rank.rank, columns, self.values)
-
     def merged_bytes(self, columns: ColumnBytes, tables: Tables) -> ColumnBytes:
-        """``merge`` of a rank's columns as bytes (``tables``: those its ids index): its id columns remapped
-        to the job's tables, every other column as it is."""
+        """A rank's columns (as bytes, ids into ``tables``) with its id columns remapped to the job's tables
+        (which take what they lack of ``tables``), every other column as it is."""
         remaps: dict[str, bytes | None] = {}  # table -> each of the rank's ids' in the job's; None: the same
         for table in TABLES:
             ids, values = self.ids[table], self.values[table]
@@ -254,7 +248,6 @@ class JobTables:
         merged = self.merged_bytes(columns, tables)
         count = len(merged["created"]) // 8
         dump.entries = EntryRows(count, entry_sources(dump.rank, merged, self.values, self.canonical), self.values)
-        dump.columns = None
 
 
 _BOOLS = (False, True)
@@ -335,8 +328,13 @@ class EntryRows(Sequence[Entry]):
         ``tables``); None without tables."""
         if self.tables is None:
             return None
-        kept = {name: self.column(field) for name, field in _KEPT_FIELDS.items()}
-        return kept if all(column is not None for column in kept.values()) else None  # type: ignore[return-value]
+        kept = {}
+        for name, field in _KEPT_FIELDS.items():
+            column = self.column(field)
+            if column is None:
+                return None
+            kept[name] = column
+        return kept
 
     def __len__(self) -> int:
         return self._count

@@ -185,7 +185,6 @@ def redact_dumps(
         }
         dump.pg_status = {redactor.group_name(key): value for key, value in dump.pg_status.items()}
         dump.entries = [_entry(redactor, entry) for entry in dump.entries]
-        dump.columns = None  # of the entries as they were
         dump.group_counts = group_counts(dump.entries)
     return redact_problems(problems, redactor)
 
