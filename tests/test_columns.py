@@ -201,6 +201,9 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
             assert entries.values(field, rows) == [getattr(expected[row], field) for row in rows], field
         with pytest.raises(IndexError):
             entries.values("time_completed_ns", [len(expected)])
+        none = columns.from_entries(0, [])  # a rank without entries: nothing asked, nothing given
+        held = columns.EntryRows(0, columns.entry_sources(0, columns.column_bytes(none), none.tables))
+        assert entries.values("time_completed_ns", []) == [] == held.values("record_id", [])
         for seq in {e.collective_seq for e in expected} | {-1, 10**6}:
             assert entries.rows_with("collective_seq", seq) == [
                 row for row, e in enumerate(expected) if e.collective_seq == seq

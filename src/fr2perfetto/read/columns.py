@@ -371,7 +371,7 @@ class EntryRows(Sequence[Entry]):
         kind, data, extra = self._sources[Entry._fields.index(field)]
         if kind not in ("q", "Q", "c") or (kind != "c" and type(data) is not bytes):
             return [getattr(entry, field) for entry in self.rows(rows)]
-        if max(rows, default=0) >= self._count:
+        if rows and max(rows) >= self._count:
             raise IndexError("entry index out of range")
         if kind == "c":
             return [extra] * len(rows)
