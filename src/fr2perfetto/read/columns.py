@@ -490,10 +490,11 @@ def entry_sources(
     canonical = {} if canonical is None else canonical
     peers: Source = ("c", None, None)  # no send or recv: no peers
     # every one NONE (the common case, compared as bytes), else as max() says
-    if c["p2p_src"] != _NONE_I32 * (len(c["p2p_src"]) // 4) and max(array("i", c["p2p_src"]), default=NONE) != NONE:
+    sources_of_peers = array("i", c["p2p_src"])
+    if c["p2p_src"] != _NONE_I32 * len(sources_of_peers) and max(sources_of_peers, default=NONE) != NONE:
         pairs = [
             None if src == NONE else canonical.setdefault((src, dst), (src, dst))
-            for src, dst in zip(array("i", c["p2p_src"]), array("i", c["p2p_dst"]), strict=True)
+            for src, dst in zip(sources_of_peers, array("i", c["p2p_dst"]), strict=True)
         ]
         peers = ("v", pairs, None)
 
