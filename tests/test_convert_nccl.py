@@ -79,3 +79,25 @@ def test_missing_dump_leaves_a_labelled_process(nccl_job, tmp_path: Path):
 def test_stuck_status(nccl_job):
     ops = match_ops(load_job([str(nccl_job("stuck"))]))
     assert [op.seq for op in ops if op.status == STUCK] == [4]
+
+
+def test_a_coalesced_group_one_rank_did_not_complete_is_not_ok(nccl_job):
+    """A collective matched from coalesced groups takes each rank's state from its closing entry: the rank
+    that has not completed its group is shown so, and the op is not settled as healthy."""
+    import pickle
+
+    folder = nccl_job("demo")
+    path = folder / "nccl_trace_rank_0"
+    dump = pickle.loads(path.read_bytes())
+    closing = next(e for e in dump["entries"] if e["profiling_name"] == "nccl:coalesced")
+    closing["state"], closing["time_discovered_completed_ns"] = "started", None
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    op = next(op for op in match_ops(load_job([str(folder)])) if (op.group.name, op.seq) == ("1", 4))
+    assert len(op.entries[0]) == 4  # the group's three all_reduces and its closing entry
+    assert list(zip(op.entries, op.states, strict=True)) == [
+        (0, "started"),
+        (1, "completed"),
+        (2, "completed"),
+        (3, "completed"),
+    ]
+    assert op.status != OK

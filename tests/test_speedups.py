@@ -258,8 +258,9 @@ def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
     assert SPEEDUPS is not None
     entries, inputs, op_names, untracked = _match_inputs()
     fixed = (columns.STATES, 2, 0)
-    in_c = SPEEDUPS.match_collectives(inputs, 2, op_names, untracked, *fixed)
-    in_python = match._match_collectives_in_python(inputs, 2, op_names, untracked, *fixed)
+    members = [array("i", [0, 1, 2]).tobytes(), None]
+    in_c = SPEEDUPS.match_collectives(inputs, members, op_names, untracked, *fixed)
+    in_python = match._match_collectives_in_python(inputs, members, op_names, untracked, *fixed)
     assert repr(in_c) == repr(in_python)
     filed, spans, p2p = in_c
     by_op = {
@@ -271,6 +272,9 @@ def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
     times = array("q", [NOW, NOW, NOW]).tobytes()
     assert by_op[(0, 1)][1] == (NOW, True, 1, times, ["completed", "completed", "scheduled"], 0)  # 0: all_reduce
     assert by_op[(0, 2)][1][:3] == (NOW - 5, False, 0)  # rank 2's broadcast: not alike; rank 1 first
+    assert by_op[(0, 2)][1][4] is None  # every rank completed it: no state is listed
+    for filed_by in (filed, in_python[0]):  # an op on every member shares the members given, in C and Python
+        assert [(group, seq) for group, seq, ranks, *_ in filed_by if ranks is members[0]] == [(0, 1), (0, 2)]
     assert by_op[(0, 3)] == (([0, 0, 1], [2, 3, 2]), None)  # a coalesced group: scanned from entries
     assert by_op[(0, 5)] == (([0, 1], [5, 3]), None)  # a row inside a coalesced group
     assert spans == [(0, 0, -1, 5), (1, 0, 1, 5), (2, 0, 1, 2), (2, 1, 9, 9)]
@@ -286,9 +290,9 @@ def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
         ([inputs[0][:5]], TypeError),
     ):
         with pytest.raises(error):
-            SPEEDUPS.match_collectives(bad, 2, op_names, untracked, *fixed)
+            SPEEDUPS.match_collectives(bad, members, op_names, untracked, *fixed)
     with pytest.raises(ValueError, match="no group known"):
-        match._match_collectives_in_python(no_group, 2, op_names, untracked, *fixed)
+        match._match_collectives_in_python(no_group, members, op_names, untracked, *fixed)
 
 
 def test_stragglers_are_judged_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):

@@ -275,7 +275,7 @@ done:
 /* ---- matching ------------------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(match_collectives_doc,
-             "match_collectives(ranks, group_count, op_names, untracked, states, completed, scheduled)\n"
+             "match_collectives(ranks, members, op_names, untracked, states, completed, scheduled)\n"
              "    -> (ops, covered, p2p)\n\n"
              "match._match_collectives_in_python: the collectives of every rank filed by (group, seq) from the\n"
              "ranks' columns; see there for the arguments and what is returned.");
@@ -311,9 +311,18 @@ typedef struct {
     Py_ssize_t pending;
     int64_t first;      /* the earliest creation time */
     uint32_t op_name, sizes, dtypes; /* the first row's, which the others must match */
-    /* ranks, rows, created_ns: int32, uint32 and int64 bytes, a row's each; states: a list */
+    /* ranks, rows, created_ns: int32, uint32 and int64 bytes, a row's each; states: a list. ranks stays
+     * NULL while the rows filed are those of the group's members, one each, and states while every
+     * state is completed: the op then shares its group's members, and its states are None */
     PyObject *ranks, *rows, *created_ns, *states;
 } OpSlot;
+
+/* A group's members as the caller gives them (ascending int32 bytes), or none (object NULL). */
+typedef struct {
+    PyObject *object;
+    const int32_t *ranks;
+    Py_ssize_t count;
+} Members;
 
 static uint64_t op_hash(uint32_t group, int64_t seq) {
     uint64_t h = (uint64_t)seq * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)group + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL;
@@ -393,13 +402,19 @@ static Py_ssize_t op_index(OpSlot **ops, Py_ssize_t *op_count, Py_ssize_t *op_ro
 }
 
 /* File the row ``row`` of a rank under ``op`` (its rank and row at the op's next place), and scan it. */
-static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t row, const uint32_t *op_names,
-                    const uint8_t *untracked, PyObject *states, int completed, int scheduled) {
+static int file_row(OpSlot *op, const Members *members, const RankInput *in, Py_ssize_t row,
+                    const uint32_t *op_names, const uint8_t *untracked, PyObject *states, int completed,
+                    int scheduled) {
     if (op->placed >= op->count) {
         PyErr_SetString(PyExc_RuntimeError, "match_collectives: an op's rows changed while they were filed");
         return -1;
     }
-    ((int32_t *)PyBytes_AsString(op->ranks))[op->placed] = in->rank;
+    /* without ranks of its own, the op has as many rows as its group has members (see match_collectives) */
+    if (op->ranks == NULL && members->ranks[op->placed] != in->rank) {
+        if ((op->ranks = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL) return -1;
+        memcpy(PyBytes_AsString(op->ranks), members->ranks, 4 * (size_t)op->placed);
+    }
+    if (op->ranks != NULL) ((int32_t *)PyBytes_AsString(op->ranks))[op->placed] = in->rank;
     ((uint32_t *)PyBytes_AsString(op->rows))[op->placed] = (uint32_t)row;
     op->placed++;
     if (!op->scanned) return 0;
@@ -415,12 +430,17 @@ static int file_row(OpSlot *op, const RankInput *in, Py_ssize_t row, const uint3
     if (op->alike && (op_name != op->op_name || in->sizes[row] != op->sizes || in->dtypes[row] != op->dtypes))
         op->alike = 0;
     int state = in->state[row];
-    if (op->filled >= LENGTH(op->states)) {
+    if (op->filled >= op->count) {
         PyErr_SetString(PyExc_RuntimeError, "match_collectives: an op's rows changed while they were filed");
         return -1;
     }
     memcpy(PyBytes_AsString(op->created_ns) + 8 * op->filled, &in->created[row], 8);
-    PyList_SetItem(op->states, op->filled, Py_NewRef(PyTuple_GetItem(states, state)));
+    if (op->states == NULL && state != completed) {
+        if ((op->states = PyList_New(op->count)) == NULL) return -1;
+        for (Py_ssize_t i = 0; i < op->filled; i++)
+            PyList_SetItem(op->states, i, Py_NewRef(PyTuple_GetItem(states, completed)));
+    }
+    if (op->states != NULL) PyList_SetItem(op->states, op->filled, Py_NewRef(PyTuple_GetItem(states, state)));
     op->filled++;
     if (state != completed && (!untracked[in->op[row]] || state != scheduled)) op->pending++;
     return 0;
@@ -430,14 +450,15 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
     (void)module;
     if (!takes("match_collectives", nargs, 7)) return NULL;
     PyObject *ranks = args[0], *states = args[4];
-    Py_ssize_t group_count = PyLong_AsSsize_t(args[1]);
     int completed = (int)PyLong_AsLong(args[5]), scheduled = (int)PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(ranks) || !PyTuple_CheckExact(states) || !PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) ||
-        group_count < 0 || group_count >= UINT32_MAX) {
+    if (!PyList_CheckExact(ranks) || !PyList_CheckExact(args[1]) || !PyTuple_CheckExact(states) ||
+        !PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) || LENGTH(args[1]) >= UINT32_MAX || completed < 0 ||
+        completed >= LENGTH(states)) {
         PyErr_SetString(PyExc_TypeError, "match_collectives: bad arguments");
         return NULL;
     }
+    Py_ssize_t group_count = LENGTH(args[1]);
     Py_ssize_t op_table = PyBytes_Size(args[2]) / 4;
     if (PyBytes_Size(args[3]) != op_table) {
         PyErr_SetString(PyExc_ValueError, "match_collectives: op names and untracked of different lengths");
@@ -451,8 +472,20 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
     uint32_t *op_of = NULL, *table = NULL, *touched = NULL, *p2p_rows = NULL; /* p2p_rows: a rank's at a time */
     int64_t *span_first = NULL, *span_last = NULL;
     Py_ssize_t *span_rank = NULL; /* the rank whose span of the group span_first and span_last hold */
+    Members *members = NULL;
     PyObject *result_ops = NULL, *covered = NULL, *p2p = NULL, *result = NULL;
-    if ((inputs = PyMem_Calloc((size_t)rank_count + 1, sizeof(RankInput))) == NULL) goto nomemory;
+    if ((inputs = PyMem_Calloc((size_t)rank_count + 1, sizeof(RankInput))) == NULL ||
+        (members = PyMem_Calloc((size_t)group_count + 1, sizeof(Members))) == NULL)
+        goto nomemory;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        PyObject *given = PyList_GetItem(args[1], g);
+        if (given == Py_None) continue;
+        if (!PyBytes_Check(given) || PyBytes_Size(given) % 4) {
+            PyErr_SetString(PyExc_TypeError, "match_collectives: a group's members are int32 bytes or None");
+            goto error;
+        }
+        members[g] = (Members){given, (const int32_t *)PyBytes_AsString(given), PyBytes_Size(given) / 4};
+    }
     for (Py_ssize_t r = 0; r < rank_count; r++) {
         if (read_rank_input(PyList_GetItem(ranks, r), &inputs[r]) < 0) goto error;
         if (inputs[r].rows > most_rows) most_rows = inputs[r].rows;
@@ -529,11 +562,11 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
         OpSlot *op = &ops[o];
         op->rank = -1;
         op->alike = 1;
-        if ((op->ranks = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL ||
-            (op->rows = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL)
+        if ((members[op->group].object == NULL || op->count != members[op->group].count) &&
+            (op->ranks = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL)
             goto error;
-        if (op->scanned && ((op->created_ns = PyBytes_FromStringAndSize(NULL, 8 * op->count)) == NULL ||
-                            (op->states = PyList_New(op->count)) == NULL))
+        if ((op->rows = PyBytes_FromStringAndSize(NULL, 4 * op->count)) == NULL ||
+            (op->scanned && (op->created_ns = PyBytes_FromStringAndSize(NULL, 8 * op->count)) == NULL))
             goto error;
     }
     /* Second pass, rank by rank again, row by row: a rank's entries lie together in memory, and so do
@@ -547,7 +580,8 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
                 PyErr_SetString(PyExc_RuntimeError, "match_collectives: the rows changed while they were filed");
                 goto error;
             }
-            if (file_row(&ops[op_of[filed++]], in, i, op_names, untracked, states, completed, scheduled) < 0)
+            OpSlot *op = &ops[op_of[filed++]];
+            if (file_row(op, &members[op->group], in, i, op_names, untracked, states, completed, scheduled) < 0)
                 goto error;
         }
     }
@@ -557,12 +591,13 @@ static PyObject *match_collectives(PyObject *module, PyObject *const *args, Py_s
         PyObject *scan = Py_None, *item;
         if (op->scanned) {
             scan = Py_BuildValue("(LOnOOI)", (long long)op->first, op->alike ? Py_True : Py_False, op->pending,
-                                 op->created_ns, op->states, op->op_name);
+                                 op->created_ns, op->states ? op->states : Py_None, op->op_name);
             if (scan == NULL) goto error;
         } else {
             Py_INCREF(scan);
         }
-        item = Py_BuildValue("(ILOON)", op->group, (long long)op->seq, op->ranks, op->rows, scan);
+        item = Py_BuildValue("(ILOON)", op->group, (long long)op->seq, op->ranks ? op->ranks : members[op->group].object,
+                             op->rows, scan);
         if (item == NULL) goto error;
         PyList_SetItem(result_ops, o, item);
     }
@@ -578,6 +613,7 @@ error:
         Py_XDECREF(ops[o].states);
     }
     PyMem_Free(inputs);
+    PyMem_Free(members);
     PyMem_Free(ops);
     PyMem_Free(op_of);
     PyMem_Free(table);

@@ -375,7 +375,7 @@ class MatchedOp:
     # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry),
     # and the state of each rank's part (that of its state entry).
     created_ns: Sequence[int] = field(default_factory=list)
-    states: list[str] = field(default_factory=list)
+    states: Sequence[str] = field(default_factory=list)  # the ops of n ranks that each completed share a tuple
 
     @property
     def title(self) -> str:

@@ -101,7 +101,7 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
             continue
         if picked is None:
             picked = chosen[op.group] = []
-        if all(state == COMPLETED for state in op.states):
+        if op.states.count(COMPLETED) == len(op.states):
             picked.append(op)
             full += len(picked) == wanted
             if full == len(sizes):

@@ -68,9 +68,12 @@ def match_ops(job: Job) -> list[MatchedOp]:
     for (rank, name), group in job.group_of.items():
         named[rank][name] = group
     groups, inputs, op_names, untracked, name_list = _take_collective_columns(job, named)
+    # each group's members as the matcher files ranks (int32 bytes): an op every member issued once is
+    # found by one comparison (the common case) and shares them, its absent members by none
+    members = list(map(_member_bytes, groups))
     match = _speedups.match_collectives if _speedups is not None else _match_collectives_in_python
     filed, spans, p2p_rows = match(
-        inputs, len(groups), op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED)
+        inputs, members, op_names, untracked, STATES, STATES.index(COMPLETED), STATES.index(SCHEDULED)
     )
     del inputs  # the columns' bytes: the entries' own, or made for the matcher alone
     ranks = list(job.dumps)
@@ -90,21 +93,30 @@ def match_ops(job: Job) -> list[MatchedOp]:
     # each op not settled where it is filed, with (alike, pending, its op name if known) for ``classify``
     to_classify: list[tuple[MatchedOp, bool, int, str | None]] = []
     entries_of = {rank: dump.entries for rank, dump in job.dumps.items()}
-    # each group's members as the matcher files ranks (int32 bytes): an op every member issued once is
-    # found by one comparison (the common case), its absent members by none
-    members = list(map(_member_bytes, groups))
+    # what the ops every member issued share, rather than hold a copy each (millions at thousands of ranks):
+    # their ranks (a group's members), and the states of those every rank completed
+    member_arrays = [None if given is None else array("i", given) for given in members]
+    all_completed: dict[int, tuple[str, ...]] = {}  # number of ranks -> their states
     filed.reverse()
     while filed:  # each op's rows let go as they become its arrays: never held twice across the job
         group_index, seq, ranks_filed, rows, scanned = filed.pop()
-        every_member = ranks_filed == members[group_index]
-        entries = EntriesByRank(entries_of, array("i", ranks_filed), array("I", rows), distinct=every_member)
+        every_member = ranks_filed == members[group_index]  # where it is, the very object: no bytes compared
+        shared = member_arrays[group_index] if every_member else None
+        ranks_array = shared if shared is not None else array("i", ranks_filed)
+        entries = EntriesByRank(entries_of, ranks_array, array("I", rows), distinct=every_member)
         known: str | None = None  # its op's name, where every rank issued the same op
         if scanned is not None:
-            first_time, alike, pending, created_bytes, states, name_index = scanned
+            first_time, alike, pending, created_bytes, filed_states, name_index = scanned
             created: Sequence[int] = array("q", created_bytes)
             known = name_list[name_index] if alike else None
+            states: Sequence[str] | None = filed_states
         else:
             first_time, alike, pending, created, states = _scan(entries)
+            if states.count(COMPLETED) == len(states):
+                states = None
+        if states is None:  # every rank completed it
+            count = len(created)
+            states = all_completed.get(count) or all_completed.setdefault(count, (COMPLETED,) * count)
         op = MatchedOp(
             group=groups[group_index], kind="collective", seq=seq, entries=entries, first_time_ns=first_time,
             created_ns=created, states=states,
@@ -173,8 +185,9 @@ def _held_as_rows(
 RankInput = tuple[int, int, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
 _INPUT_COLUMNS = ("group", "seq", "op", "sizes", "dtypes", "state", "created", "is_p2p")
 # (group index, seq, its rows' ranks and its rows (int32 and uint32 bytes, rank by rank in order), the op's
-# scan or None), as ``_scan`` gives it but for the creation times (int64 bytes), and the index of its op's name
-Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str], int] | None]
+# scan or None), as ``_scan`` gives it but for the creation times (int64 bytes) and the states (None: every one
+# completed), and the index of its op's name
+Filed = tuple[int, int, bytes, bytes, tuple[int, bool, int, bytes, list[str] | None, int] | None]
 
 
 def _kept_columns(dump: RankDump) -> tuple[dict[str, bytes], Tables | None]:
@@ -243,7 +256,7 @@ def _take_collective_columns(
 
 def _match_collectives_in_python(
     ranks: list[RankInput],
-    group_count: int,
+    members: list[bytes | None],
     op_names: bytes,
     untracked: bytes,
     states: tuple[str, ...],
@@ -256,8 +269,10 @@ def _match_collectives_in_python(
     - the ops, in the order they are first met (rank by rank, row by row): (group index, seq, the rank
       of each of its rows and the rows (int32 and uint32 bytes), rank by rank in the order of ``ranks``, a
       rank's rows in order, and the op's scan as ``_scan`` makes it where every rank holds one
-      entry, none in a coalesced group, else None; with the creation times as int64 bytes, and the index of the
-      first rank's op name in ``op_names``). Entries' ops agree where their op names (the index
+      entry, none in a coalesced group, else None; with the creation times as int64 bytes, the states None
+      where every one is completed, and the index of the first rank's op name in ``op_names``). The ranks
+      of an op whose rows are its group's members (``members``: each group's, as int32 bytes, or None)
+      are that very object, not a copy. Entries' ops agree where their op names (the index
       ``op_names`` gives each op id) and their sizes' and dtypes' ids do: the ids of one set of tables are
       one per value. A state is pending unless completed, or scheduled on a backend that records no
       completion (``untracked``, per op id);
@@ -266,6 +281,7 @@ def _match_collectives_in_python(
     - each rank's rows of p2p entries (uint32 bytes), in order.
     """
     names = array("I", op_names)
+    group_count = len(members)
     ops: dict[tuple[int, int], dict[int, list[int]]] = {}  # (group, seq) -> rank index -> rows
     spans: list[tuple[int, int, int, int]] = []
     p2p_rows: list[bytes] = []
@@ -291,7 +307,9 @@ def _match_collectives_in_python(
         spans += [(index, group, first, last) for group, (first, last) in span.items()]
     filed: list[Filed] = []
     for (group, seq), rows_by_rank in ops.items():
-        ranks_filed = array("i", [ranks[index][0] for index, rows in rows_by_rank.items() for _ in rows])
+        filed_ranks = array("i", [ranks[index][0] for index, rows in rows_by_rank.items() for _ in rows]).tobytes()
+        given = members[group]
+        ranks_filed = given if given is not None and filed_ranks == given else filed_ranks  # the very object
         rows_filed = array("I", [row for rows in rows_by_rank.values() for row in rows])
         scanned = None
         if all(len(rows) == 1 and not read[index]["flagged"][rows[0]] for index, rows in rows_by_rank.items()):
@@ -308,11 +326,13 @@ def _match_collectives_in_python(
             )
             created_ns = array("q", [c["created"][row] for c, row in parts])
             first = min(created_ns)
+            filed_states = [states[c["state"][row]] for c, row in parts]
             scanned = (
-                first, alike, pending, created_ns.tobytes(), [states[c["state"][row]] for c, row in parts],
+                first, alike, pending, created_ns.tobytes(),
+                None if filed_states.count(states[completed]) == len(filed_states) else filed_states,
                 names[reference["op"][at]],
             )  # fmt: skip
-        filed.append((group, seq, ranks_filed.tobytes(), rows_filed.tobytes(), scanned))
+        filed.append((group, seq, ranks_filed, rows_filed.tobytes(), scanned))
     return filed, spans, p2p_rows
 
 
