@@ -97,6 +97,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
     # their ranks (a group's members), and the states of those every rank completed
     member_arrays = [None if given is None else array("i", given) for given in members]
     all_completed: dict[int, tuple[str, ...]] = {}  # number of ranks -> their states
+    edges: dict[int, int | None] = {}  # rank -> when its wrapped buffer's oldest entry was made (None: not wrapped)
     filed.reverse()
     while filed:  # each op's rows let go as they become its arrays: never held twice across the job
         group_index, seq, ranks_filed, rows, scanned = filed.pop()
@@ -122,7 +123,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
             created_ns=created, states=states,
         )  # fmt: skip
         if not every_member:
-            _find_absent(op, job, covered)
+            _find_absent(op, job, covered, edges)
         ops.append(op)
         if every_member and known is not None and not pending:
             op.name = known  # every member issued it alike and completed it: OK, as ``classify`` would say
@@ -130,24 +131,30 @@ def match_ops(job: Job) -> list[MatchedOp]:
             to_classify.append((op, alike, pending, known))
     for pair in pair_ops(job, p2p_by_rank):
         held = _held_as_rows(pair.entries, p2p_row_of, entries_of)
-        first_time, alike, pending, created, states = _scan(held)
+        # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
+        # recv's entries made from its rows again, for each look at them, cost more than the pairing
+        in_hand = {rank: pair.entries[rank] for rank in held}
+        first_time, alike, pending, created, states = _scan(in_hand)
         op = MatchedOp(
-            group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=held,
+            group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
             unknown=pair.unknown, peers=(pair.source, pair.destination), first_time_ns=first_time,
-            created_ns=created, states=states,
+            created_ns=created, states=states, name=_op_name(in_hand, alike),
         )  # fmt: skip
+        classify(op, alike, pending)
+        op.entries = held
         ops.append(op)
-        to_classify.append((op, alike, pending, None))
     ops.sort(key=lambda o: (o.first_time_ns, o.group.order, o.seq))
     for number, op in enumerate(ops, start=1):
         op.op_key = number
     for op, alike, pending, known in to_classify:
-        if known is not None:
-            op.name = known
-        else:  # when every rank issued the same ops, the first rank's op is the majority's
-            op.name = head_entry(op.entries[next(iter(op.entries))]).op if alike else majority_op(op.entries)
+        op.name = known if known is not None else _op_name(op.entries, alike)
         classify(op, alike, pending)
     return ops
+
+
+def _op_name(entries: Mapping[int, list[Entry]], alike: bool) -> str:
+    """The op most of ``entries``' ranks issued: where every rank issued the same ops, the first rank's."""
+    return head_entry(entries[next(iter(entries))]).op if alike else majority_op(entries)
 
 
 def _member_bytes(group: Group) -> bytes | None:
@@ -406,8 +413,12 @@ def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, l
     return min(created_ns, default=-1), alike, pending, created_ns, states
 
 
-def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]]) -> None:
-    """Sort the members without an entry into ``missing`` (never issued) and ``unknown``."""
+def _find_absent(
+    op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]], edges: dict[int, int | None]
+) -> None:
+    """Sort the members without an entry into ``missing`` (never issued) and ``unknown``. ``edges``: each
+    rank's ``_edge``, as far as known (filled in here: the oldest ops of a wrapped job miss half their
+    members, each asked once an op)."""
     members = op.group.members
     entries = op.entries
     if (
@@ -426,21 +437,23 @@ def _find_absent(op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[
             unknown.append(rank)
             continue
         span = covered.get((rank, op.group))
+        edge = edges[rank] if rank in edges else edges.setdefault(rank, _edge(dump))
         if span is not None and op.seq > span[1]:
             missing.append(rank)  # it never got this far: the classic hang
-        elif dump.may_have_wrapped and span is None and _buffer_covers(dump, op.first_time_ns):
-            missing.append(rank)  # none of the group's ops in its buffer, which covers when the others issued it
-        elif dump.may_have_wrapped and (span is None or op.seq < span[0]):
+        elif edge is not None and span is None and op.first_time_ns >= edge + CLOCK_MARGIN_NS:
+            # none of the group's ops in its buffer, which covers when the others issued it (by more than
+            # two hosts' clocks may differ)
+            missing.append(rank)
+        elif edge is not None and (span is None or op.seq < span[0]):
             unknown.append(rank)  # older than what its ring buffer still holds
         else:
             missing.append(rank)
     op.missing, op.unknown = tuple(missing), tuple(unknown)
 
 
-def _buffer_covers(dump: RankDump, time_ns: int) -> bool:
-    """Whether a wrapped ring buffer still holds what its rank issued at ``time_ns`` (another rank's
-    clock: by more than two hosts' clocks may differ)."""
-    return bool(dump.entries) and time_ns >= dump.entries[0].time_created_ns + CLOCK_MARGIN_NS
+def _edge(dump: RankDump) -> int | None:
+    """When the oldest entry of a ring buffer that may have wrapped was made; None where it did not."""
+    return dump.entries[0].time_created_ns if dump.may_have_wrapped else None
 
 
 def signature(entries: list[Entry], what: str) -> tuple[object, ...]:

@@ -211,8 +211,8 @@ def _bases(shift: int, send_whole: bool, recv_whole: bool) -> tuple[int, int]:
 def _shifts(sends: list[Entry], recvs: list[Entry]) -> list[int]:
     """The alignments that give every completed op an other end that began, nearest to the one the
     completion counts give first (that one alone where none is consistent)."""
-    last_send = _last_completed(sends)
-    last_recv = _last_completed(recvs)
+    send_side, recv_side = _Side(sends), _Side(recvs)
+    last_send, last_recv = send_side.last_completed, recv_side.last_completed
     if last_recv is None:
         if last_send is None:
             return [len(sends) - len(recvs)]  # the newest ops meet
@@ -222,35 +222,33 @@ def _shifts(sends: list[Entry], recvs: list[Entry]) -> list[int]:
     else:
         anchor = last_send - last_recv
     nearby = sorted(range(anchor - NEARBY, anchor + NEARBY + 1), key=lambda shift: (abs(shift - anchor), shift))
-    return [shift for shift in nearby if _consistent(sends, recvs, shift)] or [anchor]
+    return [
+        shift for shift in nearby if recv_side.can_meet(send_side, shift) and send_side.can_meet(recv_side, -shift)
+    ] or [anchor]
 
 
-def _consistent(sends: list[Entry], recvs: list[Entry], shift: int) -> bool:
-    """Whether an alignment gives every completed op of either side an other end that began: a transfer
-    completes only once both ends run (an end may still say ``started`` where its rank dumped before
-    it noticed the completion, or where its batch waits for another of its ops)."""
-    recvs_meet = all(
-        _can_meet(recv, _at(sends, j + shift), newer=j + shift >= len(sends)) for j, recv in enumerate(recvs)
-    )
-    return recvs_meet and all(
-        _can_meet(send, _at(recvs, i - shift), newer=i - shift >= len(recvs)) for i, send in enumerate(sends)
-    )
+class _Side:
+    """One side of a pair (its sends, or its recvs) as the alignments are judged on it: where its completed
+    ops and its scheduled ones stand. A pipeline's pairs hold hundreds of thousands of ops, each
+    alignment tried on all of them."""
 
+    def __init__(self, side: list[Entry]) -> None:
+        states = [state_entry([entry]).state for entry in side]
+        self.length = len(side)
+        self.completed = {position for position, state in enumerate(states) if state == COMPLETED}
+        self.last_completed = max(self.completed, default=None)
+        self.scheduled = [position for position, state in enumerate(states) if state == SCHEDULED]
 
-def _can_meet(mine: Entry, theirs: Entry | None, newer: bool) -> bool:
-    if state_entry([mine]).state != COMPLETED:
-        return True
-    if theirs is None:
-        return not newer  # lost to the other side's ring buffer, never newer than all it posted
-    return state_entry([theirs]).state != SCHEDULED
+    def can_meet(self, theirs: _Side, shift: int) -> bool:
+        """Whether each completed op of this side (at j) meets an other end that began (``theirs``' op at
+        j + shift, not scheduled), or one lost to their ring buffer (older than their oldest); never one
+        newer than all they posted. A transfer completes only once both ends run (an end may still say
+        ``started`` where its rank dumped before it noticed the completion, or where its batch waits for
+        another of its ops)."""
+        if self.last_completed is not None and self.last_completed + shift >= theirs.length:
+            return False
+        return not any(position - shift in self.completed for position in theirs.scheduled)
 
 
 def _at(side: list[Entry], position: int) -> Entry | None:
     return side[position] if 0 <= position < len(side) else None
-
-
-def _last_completed(side: list[Entry]) -> int | None:
-    for position in range(len(side) - 1, -1, -1):
-        if state_entry([side[position]]).state == COMPLETED:
-            return position
-    return None
