@@ -19,7 +19,11 @@ The first three run in ``--repeat`` rounds (unpickle, analyze, convert, then aga
 each one's median wall time: a shared machine's speed drifts by a third within minutes, and rounds
 interleaved this way let the drift touch the floor and the stages alike. PyTorch's analyzer runs once.
 
+``--pipeline p2p`` (or ``batched``) measures a job with pipeline stages instead, whose ranks send and
+receive each step (``bench/generate.py`` says how); its dumps are cached apart.
+
     python bench/run.py [--sizes 64,256,1024] [--entries 2000] [--pytorch-max-ranks 256] [--repeat 3]
+                        [--pipeline p2p|batched]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from generate import generate  # noqa: E402
+from generate import PIPELINES, generate  # noqa: E402
 
 BIN = Path(sys.executable).parent
 # Memory is sampled this often: more often, the sampling itself takes a noticeable share of a 2-core
@@ -137,18 +141,20 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--data", default=str(ROOT / "bench-data"))
+    parser.add_argument("--pipeline", default="", choices=PIPELINES, help="a job with pipeline stages (default: none)")
     args = parser.parse_args()
 
     rows = []
     print(f"{'ranks':>6} {'stage':<9} {'wall s':>8} {'peak MB':>8} {'B/entry':>8} {'trace MB':>9} {'x floor':>8} "
           f"{'PyTorch/x':>10}")  # fmt: skip
     for ranks in [int(x) for x in args.sizes.split(",") if x]:
-        folder = Path(args.data) / f"{ranks}x{args.entries}"
+        job_name = f"{ranks}x{args.entries}" + (f"-{args.pipeline}" if args.pipeline else "")
+        folder = Path(args.data) / job_name
         if not (folder / f"nccl_trace_rank_{ranks - 1}").exists():
             shutil.rmtree(folder, ignore_errors=True)
-            generate(str(folder), ranks, args.entries)
+            generate(str(folder), ranks, args.entries, pipeline=args.pipeline)
         _warm_cache(folder)
-        trace = Path(args.data) / f"{ranks}x{args.entries}.pftrace"
+        trace = Path(args.data) / f"{job_name}.pftrace"
         stages = {
             "unpickle": [sys.executable, "-c", UNPICKLE, str(folder)],
             "columns": [sys.executable, "-c", COLUMNS, str(folder)],
