@@ -81,13 +81,15 @@ def match_ops(job: Job) -> list[MatchedOp]:
         (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
     }
     p2p_by_rank: dict[int, list[Entry]] = {}
-    p2p_row_of: dict[int, tuple[int, int]] = {}  # id of a send or recv made for pairing -> (its rank, its row)
+    # id of a send or recv made for pairing -> (its rank, its row); each is held while it is paired, so no
+    # two of them share an id
+    p2p_row_of: dict[int, tuple[int, int]] = {}
     for (rank, dump), rows in zip(job.dumps.items(), p2p_rows, strict=True):
         if rows:
-            p2p_by_rank[rank] = p2p_entries = entries_at(dump.entries, array("I", rows))
-            p2p_row_of.update(zip(map(id, p2p_entries), zip(repeat(rank), array("I", rows)), strict=True))
+            p2p_by_rank[rank] = entries_at(dump.entries, array("I", rows))
+            p2p_row_of.update(zip(map(id, p2p_by_rank[rank]), zip(repeat(rank), array("I", rows)), strict=True))
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
-                _widen_by_p2p(p2p_entries, rank, named[rank], covered, dump.renumbered_groups)
+                _widen_by_p2p(p2p_by_rank[rank], rank, named[rank], covered, dump.renumbered_groups)
 
     ops: list[MatchedOp] = []
     # each op not settled where it is filed, with (alike, pending, its op name if known) for ``classify``
@@ -129,16 +131,21 @@ def match_ops(job: Job) -> list[MatchedOp]:
             op.name = known  # every member issued it alike and completed it: OK, as ``classify`` would say
         else:
             to_classify.append((op, alike, pending, known))
+    pair_ranks: dict[tuple[int, ...], array[int]] = {}  # what a pair's transfers share: their ranks
+    pair_peers: dict[tuple[int, int], tuple[int, int]] = {}  # and their peers
     for pair in pair_ops(job, p2p_by_rank):
-        held = _held_as_rows(pair.entries, p2p_row_of, entries_of)
+        held = _held_as_rows(pair.entries, p2p_row_of, entries_of, pair_ranks)
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
         # recv's entries made from its rows again, for each look at them, cost more than the pairing
         in_hand = {rank: pair.entries[rank] for rank in held}
         first_time, alike, pending, created, states = _scan(in_hand)
+        if states.count(COMPLETED) == len(states):
+            states = all_completed.get(len(states)) or all_completed.setdefault(len(states), (COMPLETED,) * len(states))
+        peers = (pair.source, pair.destination)
         op = MatchedOp(
             group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
-            unknown=pair.unknown, peers=(pair.source, pair.destination), first_time_ns=first_time,
-            created_ns=created, states=states, name=_op_name(in_hand, alike),
+            unknown=pair.unknown, peers=pair_peers.setdefault(peers, peers), first_time_ns=first_time,
+            created_ns=array("q", created), states=states, name=_op_name(in_hand, alike),
         )  # fmt: skip
         classify(op, alike, pending)
         op.entries = held
@@ -170,11 +177,13 @@ def _held_as_rows(
     entries_by_rank: dict[int, list[Entry]],
     row_of: dict[int, tuple[int, int]],
     entries_of: Mapping[int, Sequence[Entry]],
+    shared: dict[tuple[int, ...], array[int]],
 ) -> Mapping[int, list[Entry]]:
     """A send's or recv's entries held as rows, as a collective's are, so that the entries made to pair
     them go once paired; as they are where one is filed under a rank other than its own (a dump whose
-    peers say so)."""
-    ranks, rows = array("i"), array("I")
+    peers say so). Its ranks are an array of ``shared`` (ranks -> their array), as its pair's others."""
+    ranks: list[int] = []
+    rows = array("I")
     for rank in sorted(entries_by_rank):
         for entry in entries_by_rank[rank]:
             owner, row = row_of[id(entry)]
@@ -182,7 +191,8 @@ def _held_as_rows(
                 return entries_by_rank
             ranks.append(rank)
             rows.append(row)
-    return EntriesByRank(entries_of, ranks, rows)
+    key = tuple(ranks)
+    return EntriesByRank(entries_of, shared.get(key) or shared.setdefault(key, array("i", ranks)), rows)
 
 
 # What ``_match_collectives_in_python`` reads of a rank: (rank, its number of rows, and columns as bytes:

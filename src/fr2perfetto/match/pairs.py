@@ -45,7 +45,9 @@ class PairOp:
 
 
 def pair_ops(job: Job, p2p_by_rank: dict[int, list[Entry]]) -> Iterator[PairOp]:
-    """Every transfer of the job, from each rank's p2p entries (in the order it issued them)."""
+    """Every transfer of the job, from each rank's p2p entries (in the order it issued them). It empties
+    ``p2p_by_rank`` and holds each pair's entries until that pair's transfers are yielded, no longer:
+    a pipeline's sends and recvs are a third of its entries."""
     sides: dict[PairKey, tuple[list[Entry], list[Entry]]] = {}
     for rank, entries in p2p_by_rank.items():
         for entry in entries:
@@ -57,9 +59,11 @@ def pair_ops(job: Job, p2p_by_rank: dict[int, list[Entry]]) -> Iterator[PairOp]:
                 src, dst = entry.p2p_local  # trust the numbers rather than drop the op
             sends, recvs = sides.setdefault((group, src, dst), ([], []))
             (recvs if entry.op in ("recv", "irecv") else sends).append(entry)
+    p2p_by_rank.clear()
     candidates = {key: _candidates(*sides[key], job.dumps.get(key[1]), job.dumps.get(key[2])) for key in sides}
     shifts = _settle_batches(sides, candidates)
-    for (group, src, dst), (sends, recvs) in sides.items():
+    for group, src, dst in list(sides):
+        sends, recvs = sides.pop((group, src, dst))
         src_dump, dst_dump = job.dumps.get(src), job.dumps.get(dst)
         bases = _bases(shifts[(group, src, dst)], _whole(src_dump), _whole(dst_dump))
         yield from _line_up(group, src, dst, sends, recvs, src_dump, dst_dump, bases)
