@@ -11,7 +11,7 @@ import pytest
 from fr2perfetto.base.model import state_entry
 from fr2perfetto.match import clocks
 from fr2perfetto.match.ops import match_ops
-from fr2perfetto.read.columns import EntryRows
+from fr2perfetto.read.columns import EntryRows, LinkedRows
 from fr2perfetto.read.job import load_job
 
 from .conftest import ROOT
@@ -39,13 +39,14 @@ def test_a_members_standard_error_is_the_exact_one_where_floats_would_settle_it(
 
 @pytest.mark.parametrize(
     ("sample", "held_as"),
-    [("nccl/demo", {EntryRows, list}), ("nccl/pipeline_batched", {list}), ("nccl/straggler", {EntryRows}),
+    [("nccl/demo", {EntryRows, LinkedRows}), ("nccl/pipeline_batched", {LinkedRows}), ("nccl/straggler", {EntryRows}),
      ("nccl/wrap", {EntryRows}), ("gloo/skip", {EntryRows})],
 )  # fmt: skip
 def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(sample: str, held_as: set[type]):
     """Where a rank's entries are made from columns, an op's start and completion times are read from them,
-    with no entry made; elsewhere (a rank whose coalesced groups were tied together) from the entries: the
-    times of the entry that carries each rank's state, either way."""
+    with no entry made; elsewhere (a rank whose coalesced groups were linked, whose columns no longer tell
+    which entry carries an op's state) from the entries: the times of the entry that carries each rank's
+    state, either way."""
     job = load_job([str(ROOT / "samples" / sample)], jobs=1)
     ops = match_ops(job)
     assert {type(dump.entries) for dump in job.dumps.values()} == held_as

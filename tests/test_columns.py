@@ -272,3 +272,32 @@ def test_an_op_settled_as_it_is_filed_is_what_classifying_it_says(sample: str):
     unsettled = gather_evidence(job, ops).unsettled
     assert unsettled == [op for op in ops if op.status != OK]
     assert 0 < len(unsettled) < len(ops)
+
+
+@pytest.mark.parametrize("sample", ["nccl/demo", "nccl/pipeline_batched"])
+def test_linked_ranks_keep_their_columns_and_give_the_entries_linking_makes(sample: str):
+    """A rank whose coalesced groups are linked keeps its columns (``LinkedRows``) and gives, entry for
+    entry, what linking makes of its entries held as a list; each op of a group points at one closing
+    entry, however often it is made; and linking again gives the same."""
+    from fr2perfetto.match.coalesce import link_coalesced
+    from fr2perfetto.read.job import load_job
+
+    linked, held = load_job([str(ROOT / "samples" / sample)]), load_job([str(ROOT / "samples" / sample)])
+    for dump in held.dumps.values():
+        dump.entries = list(dump.entries)
+    link_coalesced(linked)
+    link_coalesced(held)
+    kinds = {type(dump.entries).__name__ for dump in linked.dumps.values()}
+    assert "LinkedRows" in kinds and "list" not in kinds
+    for rank, dump in linked.dumps.items():
+        assert list(dump.entries) == held.dumps[rank].entries
+        inner = [row for row, entry in enumerate(dump.entries) if entry.closed_by is not None]
+        if isinstance(dump.entries, columns.LinkedRows):
+            assert inner
+            assert all(
+                a.closed_by is b.closed_by
+                for a, b in zip(dump.entries.rows(inner), dump.entries.rows(inner), strict=True)
+            )
+    again = [list(dump.entries) for dump in linked.dumps.values()]
+    link_coalesced(linked)
+    assert [list(dump.entries) for dump in linked.dumps.values()] == again

@@ -376,6 +376,8 @@ class MatchedOp:
     # and the state of each rank's part (that of its state entry).
     created_ns: Sequence[int] = field(default_factory=list)
     states: Sequence[str] = field(default_factory=list)  # the ops of n ranks that each completed share a tuple
+    # a send or recv in a batch (or one a rank sent itself): its ends need not complete together (set by the matcher)
+    in_batch: bool = False
 
     @property
     def title(self) -> str:

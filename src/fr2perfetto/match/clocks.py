@@ -79,9 +79,7 @@ def _usable(op: MatchedOp) -> bool:
     its recv (a batch completes once all of its transfers do, with whichever peers)."""
     if op.missing or len(op.entries) < 2:
         return False
-    if op.kind == "collective":
-        return True
-    return all(len(entries) == 1 and entries[0].closed_by is None for entries in op.entries.values())
+    return op.kind == "collective" or not op.in_batch
 
 
 def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int, int]]]], dict[int, list[int]]]:

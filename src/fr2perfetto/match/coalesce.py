@@ -29,9 +29,12 @@ from collections.abc import Callable
 from operator import attrgetter
 
 from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, distinct_values, ranks_label
+from ..read.columns import EntryRows, LinkedRows
 from ..read.job import Job
 
 _op_of = attrgetter("op")
+# The fields of an entry that linking changes (``_link_rank``, ``set_aside``, ``_renumber_collectives``)
+LINKED_FIELDS = ("closed_by", "is_p2p", "p2p_local", "collective_seq")
 
 
 def set_aside(entry: Entry) -> Entry:
@@ -50,9 +53,17 @@ def link_coalesced(job: Job) -> None:
             ends[op] = closes_coalesced_group(op)
         if not any(ends[op] for op in ops):
             continue  # most ranks never coalesce: nothing to link
+        read = dump.entries
+        made = list(read)
+        dump.entries = made
         burnt = _link_rank(dump, ends)
         if burnt:
             _renumber_collectives(job, dump, burnt)
+        if isinstance(read, (EntryRows, LinkedRows)):  # made from columns: so they stay, but for the links
+            base = read.base if isinstance(read, LinkedRows) else read
+            dump.entries = LinkedRows(
+                base, made if type(read) is EntryRows else list(base), dump.entries, LINKED_FIELDS
+            )
     renumbered: dict[str, list[int]] = {}  # group -> ranks whose collective seqs on it were renumbered
     for dump in job.dumps.values():
         for group in dump.renumbered_groups:

@@ -146,6 +146,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
             group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
             unknown=pair.unknown, peers=pair_peers.setdefault(peers, peers), first_time_ns=first_time,
             created_ns=array("q", created), states=states, name=_op_name(in_hand, alike),
+            in_batch=not all(len(entries) == 1 and entries[0].closed_by is None for entries in in_hand.values()),
         )  # fmt: skip
         classify(op, alike, pending)
         op.entries = held
@@ -258,8 +259,11 @@ def _take_collective_columns(
                 if remap[group_id] == len(groups):
                     groups.append(group)
         flagged = None
-        if not isinstance(dump.entries, EntryRows) and any(entry.closed_by is not None for entry in dump.entries):
-            flagged = bytes(entry.closed_by is not None for entry in dump.entries)
+        if not isinstance(dump.entries, EntryRows):  # held, or linked: some may be in a coalesced group
+            closing = getattr(dump.entries, "values", None)  # where they are linked, without making them
+            linked = closing("closed_by", range(len(dump.entries))) if closing else (e.closed_by for e in dump.entries)
+            in_group = bytes(by is not None for by in linked)
+            flagged = in_group if any(in_group) else None
         inputs.append((
             rank, len(dump.entries), gather(c["group"], remap.tobytes(), 4), c["collective_seq"], c["op"],
             c["input_sizes"], c["input_dtypes"], c["state"], c["created"], c["is_p2p"], flagged,

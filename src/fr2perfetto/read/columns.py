@@ -438,6 +438,74 @@ class EntryRows(Sequence[Entry]):
         return repr(list(self))  # as the list of its entries would print
 
 
+class LinkedRows(Sequence[Entry]):
+    """A rank's entries once its coalesced groups are linked (``match.coalesce``): made from its columns when
+    asked for, as ``EntryRows``' are, but for the fields the linking changed (``fields``: each op's
+    ``closed_by``; where it changed them, a batch's closing entry made p2p, collective seqs renumbered, an op
+    set aside), held one value a row. A rank whose pipeline batches its sends and recvs links a third of its
+    entries: it holds 8 bytes a row for each such field, and each group's closing entry, not every entry
+    (about 400 bytes each). A closing entry is one object however often an op of its group is made.
+
+    Not an ``EntryRows``: its columns no longer tell all that its entries hold, so what reads a rank's
+    columns for speed reads these entries instead, as it would a list's.
+    """
+
+    __slots__ = ("_linked", "_rows", "base")
+
+    def __init__(self, base: EntryRows, made: list[Entry], linked: Sequence[Entry], fields: Sequence[str]) -> None:
+        """``made``: ``base``'s entries as it makes them; ``linked``: the same once linked."""
+        if not len(made) == len(linked) == len(base):
+            raise ValueError("linked entries: as many as the rows they are made from")
+        self.base = base  # the rows as read, which a later linking starts from again
+        sources = list(base._sources)
+        self._linked: dict[str, list[Any]] = {}  # field -> its values, where linking changed some
+        for field in fields:
+            index = Entry._fields.index(field)
+            values = [entry[index] for entry in linked]
+            if values != [entry[index] for entry in made]:
+                sources[index] = ("v", values, None)
+                self._linked[field] = values
+        self._rows = EntryRows(len(base), sources)
+
+    def values(self, field: str, rows: Sequence[int]) -> list[Any]:
+        """One of ``Entry``'s fields at ``rows``, as the entries there hold it (``EntryRows.values``)."""
+        linked = self._linked.get(field)
+        return self.base.values(field, rows) if linked is None else [linked[row] for row in rows]
+
+    def distinct(self, field: str) -> set[Any]:
+        """The values that one of ``Entry``'s fields takes (``EntryRows.distinct``)."""
+        linked = self._linked.get(field)
+        return self.base.distinct(field) if linked is None else set(linked)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def rows(self, rows: Sequence[int]) -> list[Entry]:
+        """The entries at ``rows``, in their order."""
+        return self._rows.rows(rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Entry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Entry]: ...
+    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
+        return self._rows[index]
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._rows)
+
+    def __reversed__(self) -> Iterator[Entry]:
+        return reversed(self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        return self._rows == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._rows)
+
+
 _WIDTHS = {"q": 8, "Q": 8, "d": 8, "I": 4, "B": 1, "0": 4, "1": 4}  # bytes per row of a source's column
 
 
