@@ -43,6 +43,7 @@ from ..read.columns import (
     STATES,
     EntryRows,
     JobTables,
+    LinkedRows,
     Tables,
     column_bytes,
     first_uses,
@@ -99,6 +100,12 @@ def match_ops(job: Job) -> list[MatchedOp]:
     # their ranks (a group's members), and the states of those every rank completed
     member_arrays = [None if given is None else array("i", given) for given in members]
     all_completed: dict[int, tuple[str, ...]] = {}  # number of ranks -> their states
+
+    def completed(count: int) -> tuple[str, ...]:
+        """The states of an op of ``count`` ranks that each completed: one tuple for every such op."""
+        states = all_completed.get(count)
+        return states if states is not None else all_completed.setdefault(count, (COMPLETED,) * count)
+
     edges: dict[int, int | None] = {}  # rank -> when its wrapped buffer's oldest entry was made (None: not wrapped)
     filed.reverse()
     while filed:  # each op's rows let go as they become its arrays: never held twice across the job
@@ -112,14 +119,11 @@ def match_ops(job: Job) -> list[MatchedOp]:
             first_time, alike, pending, created_bytes, filed_states, name_index = scanned
             created: Sequence[int] = array("q", created_bytes)
             known = name_list[name_index] if alike else None
-            states: Sequence[str] | None = filed_states
+            states: Sequence[str] = completed(len(created)) if filed_states is None else filed_states
         else:
             first_time, alike, pending, created, states = _scan(entries)
             if states.count(COMPLETED) == len(states):
-                states = None
-        if states is None:  # every rank completed it
-            count = len(created)
-            states = all_completed.get(count) or all_completed.setdefault(count, (COMPLETED,) * count)
+                states = completed(len(states))
         op = MatchedOp(
             group=groups[group_index], kind="collective", seq=seq, entries=entries, first_time_ns=first_time,
             created_ns=created, states=states,
@@ -140,7 +144,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
         in_hand = {rank: pair.entries[rank] for rank in held}
         first_time, alike, pending, created, states = _scan(in_hand)
         if states.count(COMPLETED) == len(states):
-            states = all_completed.get(len(states)) or all_completed.setdefault(len(states), (COMPLETED,) * len(states))
+            states = completed(len(states))
         peers = (pair.source, pair.destination)
         op = MatchedOp(
             group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
@@ -260,9 +264,13 @@ def _take_collective_columns(
                     groups.append(group)
         flagged = None
         if not isinstance(dump.entries, EntryRows):  # held, or linked: some may be in a coalesced group
-            closing = getattr(dump.entries, "values", None)  # where they are linked, without making them
-            linked = closing("closed_by", range(len(dump.entries))) if closing else (e.closed_by for e in dump.entries)
-            in_group = bytes(by is not None for by in linked)
+            held = dump.entries
+            closing = (  # where they are linked, read without making them
+                held.values("closed_by", range(len(held)))
+                if isinstance(held, LinkedRows)
+                else (e.closed_by for e in held)
+            )
+            in_group = bytes(by is not None for by in closing)
             flagged = in_group if any(in_group) else None
         inputs.append((
             rank, len(dump.entries), gather(c["group"], remap.tobytes(), 4), c["collective_seq"], c["op"],
