@@ -14,8 +14,8 @@ from __future__ import annotations
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from itertools import pairwise, repeat
-from operator import lt
+from itertools import pairwise
+from operator import itemgetter, lt
 from typing import Any
 
 from ..base.model import (
@@ -53,7 +53,7 @@ from ..read.columns import (
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
-from .pairs import CLOCK_MARGIN_NS, pair_ops
+from .pairs import CLOCK_MARGIN_NS, HeldRows, PairKey, PairOp, file_transfers, pair_ops
 
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
@@ -81,16 +81,16 @@ def match_ops(job: Job) -> list[MatchedOp]:
     covered: dict[tuple[int, Group], list[int]] = {  # (rank, group) -> [first seq, last seq]
         (ranks[rank_index], groups[group]): [first, last] for rank_index, group, first, last in spans
     }
-    p2p_by_rank: dict[int, list[Entry]] = {}
-    # id of a send or recv made for pairing -> (its rank, its row); each is held while it is paired, so no
-    # two of them share an id
-    p2p_row_of: dict[int, tuple[int, int]] = {}
+    sides: dict[PairKey, tuple[HeldRows, HeldRows]] = {}  # each pair's sends and recvs, by row
     for (rank, dump), rows in zip(job.dumps.items(), p2p_rows, strict=True):
-        if rows:
-            p2p_by_rank[rank] = entries_at(dump.entries, array("I", rows))
-            p2p_row_of.update(zip(map(id, p2p_by_rank[rank]), zip(repeat(rank), array("I", rows)), strict=True))
+        at = array("I", rows)
+        for start in range(0, len(at), EntryRows.CHUNK):  # made a chunk at a time, never held all at once
+            chunk = at[start : start + EntryRows.CHUNK]
+            made = entries_at(dump.entries, chunk)
             if not dump.version.startswith("1."):  # 1.x: one seq for both kinds
-                _widen_by_p2p(p2p_by_rank[rank], rank, named[rank], covered, dump.renumbered_groups)
+                _widen_by_p2p(made, rank, named[rank], covered, dump.renumbered_groups)
+            file_transfers(job, sides, rank, chunk, made)
+    del p2p_rows
 
     ops: list[MatchedOp] = []
     # each op not settled where it is filed, with (alike, pending, its op name if known) for ``classify``
@@ -137,8 +137,8 @@ def match_ops(job: Job) -> list[MatchedOp]:
             to_classify.append((op, alike, pending, known))
     pair_ranks: dict[tuple[int, ...], array[int]] = {}  # what a pair's transfers share: their ranks
     pair_peers: dict[tuple[int, int], tuple[int, int]] = {}  # and their peers
-    for pair in pair_ops(job, p2p_by_rank):
-        held = _held_as_rows(pair.entries, p2p_row_of, entries_of, pair_ranks)
+    for pair in pair_ops(job, sides):
+        held = _held_as_rows(pair, entries_of, pair_ranks)
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
         # recv's entries made from its rows again, for each look at them, cost more than the pairing
         in_hand = {rank: pair.entries[rank] for rank in held}
@@ -179,25 +179,22 @@ def _member_bytes(group: Group) -> bytes | None:
 
 
 def _held_as_rows(
-    entries_by_rank: dict[int, list[Entry]],
-    row_of: dict[int, tuple[int, int]],
-    entries_of: Mapping[int, Sequence[Entry]],
-    shared: dict[tuple[int, ...], array[int]],
+    pair: PairOp, entries_of: Mapping[int, Sequence[Entry]], shared: dict[tuple[int, ...], array[int]]
 ) -> Mapping[int, list[Entry]]:
     """A send's or recv's entries held as rows, as a collective's are, so that the entries made to pair
-    them go once paired; as they are where one is filed under a rank other than its own (a dump whose
-    peers say so). Its ranks are an array of ``shared`` (ranks -> their array), as its pair's others."""
-    ranks: list[int] = []
-    rows = array("I")
-    for rank in sorted(entries_by_rank):
-        for entry in entries_by_rank[rank]:
-            owner, row = row_of[id(entry)]
-            if owner != rank:
-                return entries_by_rank
-            ranks.append(rank)
-            rows.append(row)
-    key = tuple(ranks)
-    return EntriesByRank(entries_of, shared.get(key) or shared.setdefault(key, array("i", ranks)), rows)
+    them go once paired; as they are (``pair.entries``) where one is filed under a rank other than its own
+    (a dump whose peers say so). Its ranks are an array of ``shared`` (ranks -> their array), as its pair's
+    others."""
+    # in the order of the ranks, as a dict of them iterates; a rank that sends to itself: its send first
+    parts = sorted(
+        ((rank, at) for rank, at in ((pair.source, pair.send_at), (pair.destination, pair.recv_at)) if at),
+        key=itemgetter(0),
+    )
+    if any(rank != owner for rank, (owner, _) in parts):
+        return pair.entries
+    key = tuple(rank for rank, _ in parts)
+    rows = array("I", [row for _, (_, row) in parts])
+    return EntriesByRank(entries_of, shared.get(key) or shared.setdefault(key, array("i", key)), rows)
 
 
 # What ``_match_collectives_in_python`` reads of a rank: (rank, its number of rows, and columns as bytes:

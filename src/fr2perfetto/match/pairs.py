@@ -20,14 +20,22 @@ before a wrapped side's oldest op is unknown.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 
-from ..base.model import COMPLETED, SCHEDULED, Entry, Group, RankDump, state_entry
+from ..base.model import COMPLETED, SCHEDULED, Entry, Group, RankDump, entries_at, state_entry
 from ..read.job import Job
 
 NEARBY = 2  # alignments tried on either side of the one the completion counts give
 CLOCK_MARGIN_NS = 100_000_000  # times of two ranks are compared only by more than this
+
+PairKey = tuple[Group, int, int]  # a pair: its group, the sending rank and the receiving one
+# One side of a pair (its sends, or its recvs), in the order issued: the rank whose dump holds each op and
+# its row there; the entries are made from these one pair at a time
+HeldRows = tuple["array[int]", "array[int]"]
 
 
 @dataclass(slots=True)
@@ -42,34 +50,57 @@ class PairOp:
     entries: dict[int, list[Entry]]
     missing: tuple[int, ...]
     unknown: tuple[int, ...]
+    send_at: tuple[int, int] | None = None  # (the rank whose dump holds the send, its row there)
+    recv_at: tuple[int, int] | None = None  # the same for the recv
 
 
-def pair_ops(job: Job, p2p_by_rank: dict[int, list[Entry]]) -> Iterator[PairOp]:
-    """Every transfer of the job, from each rank's p2p entries (in the order it issued them). It empties
-    ``p2p_by_rank`` and holds each pair's entries until that pair's transfers are yielded, no longer:
-    a pipeline's sends and recvs are a third of its entries."""
-    sides: dict[PairKey, tuple[list[Entry], list[Entry]]] = {}
-    for rank, entries in p2p_by_rank.items():
-        for entry in entries:
-            if entry.p2p_local is None:
-                continue  # the closing entry of a batch: its state lives on in closed_by
-            group = job.group_of[(rank, entry.group_name)]
-            src, dst = (group.global_rank(x) for x in entry.p2p_local)
-            if src is None or dst is None:
-                src, dst = entry.p2p_local  # trust the numbers rather than drop the op
-            sends, recvs = sides.setdefault((group, src, dst), ([], []))
-            (recvs if entry.op in ("recv", "irecv") else sends).append(entry)
-    p2p_by_rank.clear()
-    candidates = {key: _candidates(*sides[key], job.dumps.get(key[1]), job.dumps.get(key[2])) for key in sides}
-    shifts = _settle_batches(sides, candidates)
+def file_transfers(
+    job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]], rank: int, rows: Sequence[int], entries: list[Entry]
+) -> None:
+    """File ``rank``'s sends and recvs ``entries`` (at ``rows`` of its dump) under their pair's sides in
+    ``sides``, by row: a pipeline's sends and recvs are a third of its entries, too many to hold at once."""
+    for row, entry in zip(rows, entries, strict=True):
+        if entry.p2p_local is None:
+            continue  # the closing entry of a batch: its state lives on in closed_by
+        group = job.group_of[(rank, entry.group_name)]
+        src, dst = (group.global_rank(x) for x in entry.p2p_local)
+        if src is None or dst is None:
+            src, dst = entry.p2p_local  # trust the numbers rather than drop the op
+        key = (group, src, dst)
+        pair = sides.get(key) or sides.setdefault(key, ((array("i"), array("I")), (array("i"), array("I"))))
+        owners, at = pair[entry.op in ("recv", "irecv")]
+        owners.append(rank)
+        at.append(row)
+
+
+def pair_ops(job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]]) -> Iterator[PairOp]:
+    """Every transfer of the job, from each pair's sends and recvs (``file_transfers``). It empties
+    ``sides``: a pair's entries are made when it is lined up and let go once its transfers are yielded."""
+    candidates = {
+        key: _candidates(job, sends, recvs, job.dumps.get(key[1]), job.dumps.get(key[2]))
+        for key, (sends, recvs) in sides.items()
+    }
+    # each pair's entries, where the alignments of some pair are weighed against batches of others
+    made = (
+        {key: (_made(job, sends), _made(job, recvs)) for key, (sends, recvs) in sides.items()}
+        if any(len(options) > 1 for options in candidates.values())
+        else {}
+    )
+    shifts = _settle_batches(made, candidates)
     for group, src, dst in list(sides):
-        sends, recvs = sides.pop((group, src, dst))
+        send_rows, recv_rows = sides.pop((group, src, dst))
+        sends, recvs = made.pop((group, src, dst)) if made else (_made(job, send_rows), _made(job, recv_rows))
         src_dump, dst_dump = job.dumps.get(src), job.dumps.get(dst)
         bases = _bases(shifts[(group, src, dst)], _whole(src_dump), _whole(dst_dump))
-        yield from _line_up(group, src, dst, sends, recvs, src_dump, dst_dump, bases)
+        yield from _line_up(group, src, dst, (sends, send_rows), (recvs, recv_rows), src_dump, dst_dump, bases)
 
 
-PairKey = tuple[Group, int, int]
+def _made(job: Job, held: HeldRows) -> list[Entry]:
+    """The entries of one side of a pair, made a dump's run of rows at a time."""
+    entries: list[Entry] = []
+    for owner, run in groupby(zip(*held, strict=True), key=itemgetter(0)):
+        entries += entries_at(job.dumps[owner].entries, [row for _, row in run])
+    return entries
 
 
 def _whole(dump: RankDump | None) -> bool:
@@ -77,12 +108,12 @@ def _whole(dump: RankDump | None) -> bool:
 
 
 def _candidates(
-    sends: list[Entry], recvs: list[Entry], src_dump: RankDump | None, dst_dump: RankDump | None
+    job: Job, sends: HeldRows, recvs: HeldRows, src_dump: RankDump | None, dst_dump: RankDump | None
 ) -> list[int]:
     """The alignments worth considering for a pair (recv j meets send j + shift), the likeliest first."""
-    if (_whole(src_dump) and _whole(dst_dump)) or not sends or not recvs:
+    if (_whole(src_dump) and _whole(dst_dump)) or not sends[1] or not recvs[1]:
         return [0]
-    return _shifts(sends, recvs)
+    return _shifts(_made(job, sends), _made(job, recvs))
 
 
 def _settle_batches(
@@ -154,23 +185,29 @@ def _line_up(
     group: Group,
     src: int,
     dst: int,
-    sends: list[Entry],
-    recvs: list[Entry],
+    send_side: tuple[list[Entry], HeldRows],
+    recv_side: tuple[list[Entry], HeldRows],
     src_dump: RankDump | None,
     dst_dump: RankDump | None,
     bases: tuple[int, int],
 ) -> Iterator[PairOp]:
+    """A pair's transfers: its sends and recvs (each side's entries and where they are held) lined up."""
+    (sends, (send_owners, send_rows)), (recvs, (recv_owners, recv_rows)) = send_side, recv_side
     send_base, recv_base = bases
     first = min(send_base if sends else recv_base, recv_base if recvs else send_base)
     last = max(send_base + len(sends), recv_base + len(recvs))
     for index in range(first, last):
         entries: dict[int, list[Entry]] = {}
-        send = sends[index - send_base] if 0 <= index - send_base < len(sends) else None
-        recv = recvs[index - recv_base] if 0 <= index - recv_base < len(recvs) else None
-        if send is not None:
+        send = recv = None
+        op = PairOp(group, src, dst, index, entries, (), ())
+        if 0 <= index - send_base < len(sends):
+            send = sends[index - send_base]
             entries[src] = [send]
-        if recv is not None:
+            op.send_at = (send_owners[index - send_base], send_rows[index - send_base])
+        if 0 <= index - recv_base < len(recvs):
+            recv = recvs[index - recv_base]
             entries.setdefault(dst, []).append(recv)
+            op.recv_at = (recv_owners[index - recv_base], recv_rows[index - recv_base])
         present = send or recv
         assert present is not None
         missing: list[int] = []
@@ -182,7 +219,8 @@ def _line_up(
                 missing.append(rank)
             else:
                 unknown.append(rank)
-        yield PairOp(group, src, dst, index, entries, tuple(missing), tuple(unknown))
+        op.missing, op.unknown = tuple(missing), tuple(unknown)
+        yield op
 
 
 def _never_posted(index: int, held: list[Entry], base: int, dump: RankDump | None, present: Entry) -> bool:
