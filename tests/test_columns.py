@@ -5,6 +5,7 @@ it leaves every file it cannot read so to that reader; and entries made from col
 from __future__ import annotations
 
 import pickle
+from array import array
 from unittest import mock
 
 import pytest
@@ -301,3 +302,33 @@ def test_linked_ranks_keep_their_columns_and_give_the_entries_linking_makes(samp
     again = [list(dump.entries) for dump in linked.dumps.values()]
     link_coalesced(linked)
     assert [list(dump.entries) for dump in linked.dumps.values()] == again
+
+
+def _kept_values(kept: dict[str, bytes] | None, tables: columns.Tables | None) -> dict[str, list[object]]:
+    """The matcher's columns (``KEPT_COLUMNS``) as the values they stand for: ids looked up in ``tables``."""
+    assert kept is not None and tables is not None
+    values: dict[str, list[object]] = {}
+    for name in columns.KEPT_COLUMNS:
+        column = array(columns.TYPES[name], kept[name]).tolist()
+        table = columns.ID_COLUMNS.get(name)
+        values[name] = [tables[table][value] for value in column] if table else column
+    return values
+
+
+def test_the_matcher_reads_a_linked_rank_as_the_entries_linking_makes():
+    """The columns the matcher files a linked rank's ops by are its columns as read, but for what linking
+    changed (a batch's closing entry made a send or recv): value for value, those of its linked entries."""
+    from fr2perfetto.match.coalesce import link_coalesced
+    from fr2perfetto.read.job import load_job
+
+    job = load_job([str(ROOT / "samples" / "nccl" / "pipeline_batched")])
+    link_coalesced(job)
+    changed = 0
+    for rank, dump in job.dumps.items():
+        if not isinstance(dump.entries, columns.LinkedRows):
+            continue
+        made = columns.from_entries(rank, list(dump.entries), columns.KEPT_COLUMNS)
+        kept = _kept_values(dump.entries.kept_columns(), dump.entries.base.tables)
+        assert kept == _kept_values(columns.column_bytes(made), made.tables)
+        changed += kept != _kept_values(dump.entries.base.kept_columns(), dump.entries.base.tables)
+    assert changed

@@ -15,7 +15,7 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from operator import itemgetter, lt
+from operator import lt
 from typing import Any
 
 from ..base.model import (
@@ -142,15 +142,14 @@ def match_ops(job: Job) -> list[MatchedOp]:
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
         # recv's entries made from its rows again, for each look at them, cost more than the pairing
         in_hand = {rank: pair.entries[rank] for rank in held}
-        first_time, alike, pending, created, states = _scan(in_hand)
+        first_time, alike, pending, created, states, name, in_batch = _scan_transfer(in_hand)
         if states.count(COMPLETED) == len(states):
             states = completed(len(states))
         peers = (pair.source, pair.destination)
         op = MatchedOp(
             group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
             unknown=pair.unknown, peers=pair_peers.setdefault(peers, peers), first_time_ns=first_time,
-            created_ns=array("q", created), states=states, name=_op_name(in_hand, alike),
-            in_batch=not all(len(entries) == 1 and entries[0].closed_by is None for entries in in_hand.values()),
+            created_ns=array("q", created), states=states, name=name, in_batch=in_batch,
         )  # fmt: skip
         classify(op, alike, pending)
         op.entries = held
@@ -185,15 +184,21 @@ def _held_as_rows(
     them go once paired; as they are (``pair.entries``) where one is filed under a rank other than its own
     (a dump whose peers say so). Its ranks are an array of ``shared`` (ranks -> their array), as its pair's
     others."""
+    source, destination, send_at, recv_at = pair.source, pair.destination, pair.send_at, pair.recv_at
     # in the order of the ranks, as a dict of them iterates; a rank that sends to itself: its send first
-    parts = sorted(
-        ((rank, at) for rank, at in ((pair.source, pair.send_at), (pair.destination, pair.recv_at)) if at),
-        key=itemgetter(0),
+    parts = (
+        [(source, send_at), (destination, recv_at)]
+        if source <= destination
+        else [(destination, recv_at), (source, send_at)]
     )
-    if any(rank != owner for rank, (owner, _) in parts):
-        return pair.entries
-    key = tuple(rank for rank, _ in parts)
-    rows = array("I", [row for _, (_, row) in parts])
+    key: tuple[int, ...] = ()
+    rows = array("I")
+    for rank, at in parts:
+        if at is not None:
+            if at[0] != rank:
+                return pair.entries
+            key += (rank,)
+            rows.append(at[1])
     return EntriesByRank(entries_of, shared.get(key) or shared.setdefault(key, array("i", key)), rows)
 
 
@@ -213,10 +218,11 @@ def _kept_columns(dump: RankDump) -> tuple[dict[str, bytes], Tables | None]:
     """The columns of ``dump`` the matcher reads (``KEPT_COLUMNS``), as bytes, and the tables their ids
     index: those its entries are made from; None for tables where its entries are not made from columns
     (they are held, and their columns must be made)."""
-    if isinstance(dump.entries, EntryRows):
-        kept = dump.entries.kept_columns()
+    entries = dump.entries
+    if isinstance(entries, (EntryRows, LinkedRows)):
+        kept = entries.kept_columns()
         if kept is not None:
-            return kept, dump.entries.tables
+            return kept, entries.base.tables if isinstance(entries, LinkedRows) else entries.tables
     return {}, None
 
 
@@ -432,6 +438,26 @@ def _scan(entries_by_rank: Mapping[int, list[Entry]]) -> tuple[int, bool, int, l
     return min(created_ns, default=-1), alike, pending, created_ns, states
 
 
+def _scan_transfer(
+    entries_by_rank: Mapping[int, list[Entry]],
+) -> tuple[int, bool, int, list[int], list[str], str, bool]:
+    """``_scan`` of a send's and recv's entries, with the op most of its ranks issued (``_op_name``) and
+    whether it is in a batch, or one a rank sent itself (its ends need not complete together)."""
+    parts = list(entries_by_rank.values())
+    if len(parts) == 2 and len(parts[0]) == len(parts[1]) == 1:  # a send and its recv (the common case)
+        (one,), (other,) = parts
+        one_last, other_last = one.closed_by or one, other.closed_by or other
+        states = [one_last.state, other_last.state]
+        pending = sum(last.state != COMPLETED and tracks_completion(last) for last in (one_last, other_last))
+        alike = (one.op, one.input_sizes, one.input_dtypes) == (other.op, other.input_sizes, other.input_dtypes)
+        created = [one.time_created_ns, other.time_created_ns]
+        name = max(one.op, other.op)  # the op most ranks issued: of two that differ, the alphabetically last
+        return min(created), alike, pending, created, states, name, one_last is not one or other_last is not other
+    first_time, alike, pending, created, states = _scan(entries_by_rank)
+    in_batch = not all(len(entries) == 1 and entries[0].closed_by is None for entries in parts)
+    return first_time, alike, pending, created, states, _op_name(entries_by_rank, alike), in_batch
+
+
 def _find_absent(
     op: MatchedOp, job: Job, covered: dict[tuple[int, Group], list[int]], edges: dict[int, int | None]
 ) -> None:
@@ -506,10 +532,10 @@ def classify(op: MatchedOp, alike: bool | None = None, pending: int | None = Non
                 op.mismatch_ranks = minority(signatures)
                 return
     if op.kind == "p2p" and op.peers and len(op.entries) == 2:
-        sizes = {head_entry(e).input_sizes or head_entry(e).output_sizes for e in op.entries.values()}
-        dtypes = {head_entry(e).input_dtypes or head_entry(e).output_dtypes for e in op.entries.values()}
-        if len(sizes) > 1 or len(dtypes) > 1:
-            op.status, op.mismatch = MISMATCH, "size" if len(sizes) > 1 else "dtype"
+        one, other = map(head_entry, op.entries.values())
+        sizes_differ = (one.input_sizes or one.output_sizes) != (other.input_sizes or other.output_sizes)
+        if sizes_differ or (one.input_dtypes or one.output_dtypes) != (other.input_dtypes or other.output_dtypes):
+            op.status, op.mismatch = MISMATCH, "size" if sizes_differ else "dtype"
             op.mismatch_ranks = ()
             return
     if not pending:

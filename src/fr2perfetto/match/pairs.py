@@ -59,14 +59,18 @@ def file_transfers(
 ) -> None:
     """File ``rank``'s sends and recvs ``entries`` (at ``rows`` of its dump) under their pair's sides in
     ``sides``, by row: a pipeline's sends and recvs are a third of its entries, too many to hold at once."""
+    pair_of: dict[tuple[str, tuple[int, int]], PairKey] = {}  # (group name, local peers) -> their pair
     for row, entry in zip(rows, entries, strict=True):
-        if entry.p2p_local is None:
+        peers = entry.p2p_local
+        if peers is None:
             continue  # the closing entry of a batch: its state lives on in closed_by
-        group = job.group_of[(rank, entry.group_name)]
-        src, dst = (group.global_rank(x) for x in entry.p2p_local)
-        if src is None or dst is None:
-            src, dst = entry.p2p_local  # trust the numbers rather than drop the op
-        key = (group, src, dst)
+        key = pair_of.get((entry.group_name, peers))
+        if key is None:
+            group = job.group_of[(rank, entry.group_name)]
+            src, dst = (group.global_rank(x) for x in peers)
+            if src is None or dst is None:
+                src, dst = peers  # trust the numbers rather than drop the op
+            key = pair_of[(entry.group_name, peers)] = (group, src, dst)
         pair = sides.get(key) or sides.setdefault(key, ((array("i"), array("I")), (array("i"), array("I"))))
         owners, at = pair[entry.op in ("recv", "irecv")]
         owners.append(rank)

@@ -467,6 +467,19 @@ class LinkedRows(Sequence[Entry]):
                 self._linked[field] = values
         self._rows = EntryRows(len(base), sources)
 
+    def kept_columns(self) -> dict[str, bytes] | None:
+        """``EntryRows.kept_columns`` of these entries: the base's, with the columns of the fields linking
+        changed made from their values (ids into the base's ``tables``); None where the base has none."""
+        kept = self.base.kept_columns()
+        if kept is not None:
+            for column, field in _KEPT_FIELDS.items():
+                if field in self._linked:
+                    try:
+                        kept[column] = array(TYPES[column], self._linked[field]).tobytes()
+                    except (OverflowError, TypeError):  # a value its column cannot hold: read the entries
+                        return None
+        return kept
+
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it (``EntryRows.values``)."""
         linked = self._linked.get(field)
