@@ -30,7 +30,7 @@ from .diagnose.verdict import HANG, HEALTHY, Diagnosis, diagnose
 from .layout.focus import focus_of, metadata_packet
 from .layout.fold import View, full_view
 from .layout.looks import Highlights
-from .layout.rows import ITEM, job_rows
+from .layout.rows import ITEM, SliceRows, job_rows
 from .layout.scene import TimeSpan, Track
 from .layout.timeline import (
     FINDINGS_UUID,
@@ -222,7 +222,8 @@ def _write_ranks(
     for timeline in rank_timelines(scene.job, index, scene.span, scene.highlights, view, rows):
         _write_tracks(writer, timeline.tracks)
         held = rows.items.get(timeline.rank, b"") if rows is not None else b""
-        room -= len(index.get(timeline.rank, ())) + len(held) // ITEM.size
+        made = sum(len(t.slices.extras if isinstance(t.slices, SliceRows) else t.slices) for t in timeline.tracks)
+        room -= len(index.get(timeline.rank, ())) + len(held) // ITEM.size + MADE_SLICE_ITEMS * made
         if room >= 0 and kept is not None:
             kept.append(timeline)
 
@@ -234,6 +235,9 @@ MIN_PROCESSES_PER_WORKER = 8
 # ends, up to this many of its ranks' ops (an item of the index each: about 700 bytes with its entry and
 # its two slices), and frees what it makes beyond them as it goes.
 KEPT_ITEMS = 1 << 18
+# A slice made as an object, not a record (a send's or recv's, with a look of its own), holds about twice an
+# item's bytes: it counts as this many items more.
+MADE_SLICE_ITEMS = 2
 _kept_until_exit: list[object] = []  # in a forked writer
 _forked_scene: _Scene | None = None  # what forked workers inherit
 _forked_output: int | None = None  # the output's file descriptor, where the first worker writes

@@ -216,10 +216,12 @@ class Looks:
         role = self.roles.get((self.rank, op.op_key)) if self.roles else None
         if role is not None:
             key = (key, role)
+        if op.kind == "p2p":  # one rank's alone (its side: send or recv): not kept for the others
+            return op_look(op, entries, head, last, self.highlights, role)
         look = self.looks.get(key)
         if look is None:
             look = self.looks[key] = op_look(op, entries, head, last, self.highlights, role)
-        if role is None and head is last and op.kind == "collective":  # what the C layout takes
+        if role is None and head is last:  # a collective: what the C layout takes
             self.last_looks[op.op_key] = look
         return look
 
@@ -292,11 +294,7 @@ class Looks:
             if look is None:
                 look = self.enqueue_looks[op.op_key] = SliceLook(shown(op.title), ())
             return look
-        key = ("enqueue", op.op_key, head.op)
-        look = self.looks.get(key)
-        if look is None:
-            look = self.looks[key] = SliceLook(shown(op.title_as(head.op)), ())
-        return look
+        return SliceLook(shown(op.title_as(head.op)), ())  # a send's or recv's: its rank's alone
 
     def batch(self, ops: list[tuple[MatchedOp, str]], first: SliceLook) -> SliceLook:
         """The look of a batch of sends and recvs that ran as one group call (``ops``: each with what it
