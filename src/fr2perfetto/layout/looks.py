@@ -212,12 +212,12 @@ class Looks:
 
     def ran(self, op: MatchedOp, entries: list[Entry], head: Entry, last: Entry) -> SliceLook:
         """The look of what ran of ``op`` on this rank."""
-        key: tuple[object, ...] = look_key(op, entries, head, last)
         role = self.roles.get((self.rank, op.op_key)) if self.roles else None
-        if role is not None:
-            key = (key, role)
         if op.kind == "p2p":  # one rank's alone (its side: send or recv): not kept for the others
             return op_look(op, entries, head, last, self.highlights, role)
+        key: tuple[object, ...] = look_key(op, entries, head, last)
+        if role is not None:
+            key = (key, role)
         look = self.looks.get(key)
         if look is None:
             look = self.looks[key] = op_look(op, entries, head, last, self.highlights, role)
