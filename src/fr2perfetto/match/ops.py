@@ -443,17 +443,12 @@ def _scan_transfer(
 ) -> tuple[int, bool, int, list[int], list[str], str, bool]:
     """``_scan`` of a send's and recv's entries, with the op most of its ranks issued (``_op_name``) and
     whether it is in a batch, or one a rank sent itself (its ends need not complete together)."""
+    first_time, alike, pending, created, states = _scan(entries_by_rank)
     parts = list(entries_by_rank.values())
     if len(parts) == 2 and len(parts[0]) == len(parts[1]) == 1:  # a send and its recv (the common case)
         (one,), (other,) = parts
-        one_last, other_last = one.closed_by or one, other.closed_by or other
-        states = [one_last.state, other_last.state]
-        pending = sum(last.state != COMPLETED and tracks_completion(last) for last in (one_last, other_last))
-        alike = (one.op, one.input_sizes, one.input_dtypes) == (other.op, other.input_sizes, other.input_dtypes)
-        created = [one.time_created_ns, other.time_created_ns]
         name = max(one.op, other.op)  # the op most ranks issued: of two that differ, the alphabetically last
-        return min(created), alike, pending, created, states, name, one_last is not one or other_last is not other
-    first_time, alike, pending, created, states = _scan(entries_by_rank)
+        return first_time, alike, pending, created, states, name, bool(one.closed_by or other.closed_by)
     in_batch = not all(len(entries) == 1 and entries[0].closed_by is None for entries in parts)
     return first_time, alike, pending, created, states, _op_name(entries_by_rank, alike), in_batch
 
