@@ -11,6 +11,7 @@ import pytest
 from fr2perfetto.base.model import state_entry
 from fr2perfetto.match import clocks
 from fr2perfetto.match.ops import match_ops
+from fr2perfetto.read import columns
 from fr2perfetto.read.columns import EntryRows, LinkedRows
 from fr2perfetto.read.job import load_job
 
@@ -42,11 +43,12 @@ def test_a_members_standard_error_is_the_exact_one_where_floats_would_settle_it(
     [("nccl/demo", {EntryRows, LinkedRows}), ("nccl/pipeline_batched", {LinkedRows}), ("nccl/straggler", {EntryRows}),
      ("nccl/wrap", {EntryRows}), ("gloo/skip", {EntryRows})],
 )  # fmt: skip
-def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(sample: str, held_as: set[type]):
+def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(
+    sample: str, held_as: set[type], monkeypatch: pytest.MonkeyPatch
+):
     """Where a rank's entries are made from columns, an op's start and completion times are read from them,
-    with no entry made; elsewhere (a rank whose coalesced groups were linked, whose columns no longer tell
-    which entry carries an op's state) from the entries: the times of the entry that carries each rank's
-    state, either way."""
+    with no entry made, also for a rank whose coalesced groups were linked (its last entry in an op may be
+    closed by another, whose times count): the times of the entry that carries each rank's state."""
     job = load_job([str(ROOT / "samples" / sample)], jobs=1)
     ops = match_ops(job)
     assert {type(dump.entries) for dump in job.dumps.values()} == held_as
@@ -57,6 +59,10 @@ def test_the_times_a_clock_is_fitted_on_are_those_of_each_ranks_state_entry(samp
         ]
         for held in (op.entries for op in ops)
     ]
+    made = []
+    making = columns.make_entries
+    monkeypatch.setattr(columns, "make_entries", lambda *args: made.append(args) or making(*args))
     assert clocks._state_times(ops) == expected
+    assert made == []
     completed = sum(time is not None for parts in expected for _, _, time in parts)
     assert completed >= 20 if sample.startswith("nccl") else completed == 0  # gloo records no completion

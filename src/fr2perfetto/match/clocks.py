@@ -26,7 +26,7 @@ from itertools import repeat
 from operator import sub
 
 from ..base.model import COMPLETED, EntriesByRank, Group, MatchedOp, state_entry
-from ..read.columns import EntryRows
+from ..read.columns import EntryRows, LinkedRows
 
 SAMPLE_BUDGET = 200_000  # (rank, op) completion times used at most, over every group
 MIN_OPS, MAX_OPS = 16, 64  # the newest completed collectives of each group that are used
@@ -128,13 +128,14 @@ def _completions(ops: list[MatchedOp]) -> tuple[dict[Group, list[list[tuple[int,
 
 def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int | None]]]:
     """Per op, (rank, started, completed) of each rank's part, as its state entry (``state_entry``) says,
-    ranks in the order of ``op.entries``. A rank whose entries are made from columns (``EntryRows``, where
-    no entry closes a coalesced group: its state entry is its last in the op) has the times read from its
-    columns, in one call for all of ``ops``, with no entry made; any other (a rank whose coalesced groups
-    were tied together, rare) from its entries."""
-    columns_of: dict[int, EntryRows | None] = {}  # rank -> its entries, where they are made from columns
+    ranks in the order of ``op.entries``. A rank whose entries are made from columns (``EntryRows``, or
+    ``LinkedRows`` where its coalesced groups were linked) has the times of its last entry in each op read
+    from its columns, in one call for all of ``ops``, with no entry made; where that entry's group is
+    closed by another (``closed_by``, a linked rank's), the closing entry's times. An op whose entries are
+    not the ranks' rows, from its entries."""
+    columns_of: dict[int, EntryRows | LinkedRows | None] = {}  # rank -> its entries, where made from columns
     readable: dict[int, bool] = {}  # rank -> whether they are
-    rows_of: dict[int, list[int]] = {}  # rank -> the row of its state entry, op after op
+    rows_of: dict[int, list[int]] = {}  # rank -> the row of its last entry, op after op
     plan: list[list[int] | MatchedOp] = []  # per op: the ranks whose times are read, in order; or the op
     for op in ops:
         parts = op.entries
@@ -143,7 +144,7 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
             if not columns_of.keys() >= last_rows.keys():  # a rank met for the first time
                 for rank in last_rows.keys() - columns_of.keys():
                     source = parts.entries_source(rank)
-                    columns_of[rank] = source if isinstance(source, EntryRows) else None
+                    columns_of[rank] = source if isinstance(source, (EntryRows, LinkedRows)) else None
                     readable[rank] = columns_of[rank] is not None
             if all(map(readable.__getitem__, last_rows)):
                 for rank, row in last_rows.items():
@@ -156,6 +157,9 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
         columns = columns_of[rank]
         assert columns is not None
         started, completed = columns.values("time_started_ns", rows), columns.values("time_completed_ns", rows)
+        for at, closing in enumerate(columns.values("closed_by", rows)):
+            if closing is not None:
+                started[at], completed[at] = closing.time_started_ns, closing.time_completed_ns
         read[rank] = zip(started, completed, strict=True)
     times = []
     for ranks in plan:
