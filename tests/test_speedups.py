@@ -20,7 +20,6 @@ from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.layout import rows, streams
 from fr2perfetto.match import ops as match
 from fr2perfetto.read import columns, reader
-from fr2perfetto.read.job import load_job
 from fr2perfetto.render import perfetto as perfetto_writer
 
 from .conftest import run_cli
@@ -293,28 +292,3 @@ def test_collectives_are_matched_from_columns_the_same_in_c_and_python():
             SPEEDUPS.match_collectives(bad, members, op_names, untracked, *fixed)
     with pytest.raises(ValueError, match="no group known"):
         match._match_collectives_in_python(no_group, members, op_names, untracked, *fixed)
-
-
-def test_stragglers_are_judged_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch):
-    """A group's ops that every member issued are judged in one C pass; the stragglers, their lags and each
-    op's median agree with Python's, clocks aligned or not (generated programs with a late rank, some of
-    their hosts' clocks shifted, and the straggler sample)."""
-    from fr2perfetto.convert import analyse
-    from fr2perfetto.diagnose import stragglers
-
-    from . import programs
-
-    analyses = [analyse(load_job([str(SAMPLES / "nccl" / "straggler")], jobs=1))]
-    analyses += [programs.analyse_documents(programs.dumps(programs.generate(seed, "late"))) for seed in range(12)]
-    found = 0
-    for analysis in analyses:
-        evidence = analysis.diagnosis.evidence
-        assert evidence is not None
-        judged = []
-        for speedups in (SPEEDUPS, None):
-            monkeypatch.setattr(stragglers, "_speedups", speedups)
-            evidence.enqueue_medians = {}
-            judged.append((stragglers.find_stragglers(evidence), evidence.enqueue_medians))
-        assert judged[0] == judged[1] and judged[0][1]
-        found += len(judged[0][0])
-    assert found >= 10

@@ -14,7 +14,6 @@
  *   columns (layout.rows): its items as (op, row) pairs, partitioned by group, the common op laid out
  *   and written as a record, never as an object. Their twin is the object path of layout.streams and
  *   render.perfetto as a whole (timeline.ops_by_rank, Slice lists): the trace is the same, byte for byte.
- * - group_lateness() is the loop of stragglers.find_stragglers over a group's ops that every member issued.
  * - scan_pickle() is pickle_shape.scan: how deep and how large what a pickle describes would be,
  *   measured on a model of the unpickler's stack before a dump that pickle_columns leaves to the
  *   restricted unpickler (a 1.x dump, one PyTorch's pickler did not write) is unpickled.
@@ -1563,90 +1562,6 @@ finish:
     return result;
 }
 
-/* ---- judging stragglers ------------------------------------------------------------------------- */
-
-static int compare_int64(const void *a, const void *b) {
-    int64_t x, y;
-    memcpy(&x, a, 8);
-    memcpy(&y, b, 8);
-    return (x > y) - (x < y);
-}
-
-#define LATENESS_LIMIT (1LL << 62) /* times and offsets whose differences and sums C computes exactly */
-
-PyDoc_STRVAR(group_lateness_doc,
-             "group_lateness(created, members, offsets, threshold) -> (medians, late) or None\n\n"
-             "stragglers.find_stragglers for ops of one group that every member issued: ``created`` holds each\n"
-             "op's members' enqueue times (int64 bytes, ``members`` per op, in the members' order), ``offsets``\n"
-             "each member's clock offset to subtract (int64 bytes) or None. Gives each op's median (the upper\n"
-             "one) as int64 bytes, and, for each op whose latest member enqueued ``threshold`` ns or more after\n"
-             "the next, (op index, that member's index, its lag behind the median of the others, as an int of\n"
-             "what Python's float median gives) in a list. None where a time or offset is too large to\n"
-             "compute with exactly: Python's to judge.");
-
-static PyObject *group_lateness(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (!takes("group_lateness", nargs, 4)) return NULL;
-    PyObject *created_bytes = args[0], *offsets_bytes = args[2];
-    Py_ssize_t members = PyLong_AsSsize_t(args[1]);
-    long long threshold = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyBytes_CheckExact(created_bytes) || members < 2 || PyBytes_Size(created_bytes) % (8 * members) != 0 ||
-        (offsets_bytes != Py_None && (!PyBytes_CheckExact(offsets_bytes) || PyBytes_Size(offsets_bytes) != 8 * members))) {
-        PyErr_SetString(PyExc_ValueError, "group_lateness: created times of whole ops, an offset per member");
-        return NULL;
-    }
-    Py_ssize_t ops = PyBytes_Size(created_bytes) / (8 * members);
-    const char *created = PyBytes_AsString(created_bytes);
-    const char *offsets = offsets_bytes != Py_None ? PyBytes_AsString(offsets_bytes) : NULL;
-    int64_t *aligned = PyMem_Calloc((size_t)members, 8), *ordered = PyMem_Calloc((size_t)members, 8);
-    int64_t *medians = PyMem_Calloc(ops ? (size_t)ops : 1, 8);
-    PyObject *late = PyList_New(0), *result = NULL;
-    if (aligned == NULL || ordered == NULL || medians == NULL || late == NULL) {
-        if (late != NULL) PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t op = 0; op < ops; op++) {
-        for (Py_ssize_t m = 0; m < members; m++) {
-            int64_t time, offset = 0;
-            memcpy(&time, created + 8 * (op * members + m), 8);
-            if (offsets != NULL) memcpy(&offset, offsets + 8 * m, 8);
-            if (time <= -LATENESS_LIMIT || time >= LATENESS_LIMIT || offset <= -LATENESS_LIMIT ||
-                offset >= LATENESS_LIMIT) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
-            aligned[m] = ordered[m] = time - offset;
-        }
-        qsort(ordered, (size_t)members, 8, compare_int64);
-        medians[op] = ordered[members / 2];
-        int64_t latest = ordered[members - 1];
-        if (latest - ordered[members - 2] < threshold) continue;
-        Py_ssize_t at = 0;
-        while (aligned[at] != latest) at++; /* the first member with that time, as list.index finds it */
-        /* the median of the others: an int for an odd count, else (a + b) / 2 as a float, as Python has it */
-        Py_ssize_t count = members - 1, middle = count / 2;
-        long long lag;
-        if (count % 2)
-            lag = latest - ordered[middle];
-        else
-            lag = (long long)((double)latest - (double)(ordered[middle - 1] + ordered[middle]) / 2.0);
-        PyObject *found = Py_BuildValue("(nnL)", op, at, lag);
-        if (found == NULL || PyList_Append(late, found) < 0) {
-            Py_XDECREF(found);
-            goto done;
-        }
-        Py_DECREF(found);
-    }
-    result = Py_BuildValue("(y#O)", (const char *)medians, ops * 8, late);
-done:
-    PyMem_Free(aligned);
-    PyMem_Free(ordered);
-    PyMem_Free(medians);
-    Py_XDECREF(late);
-    return result;
-}
-
 /* ---- the shape of a pickle ---------------------------------------------------------------------- */
 
 /* pickle_shape.scan in C: the unpickler's stack modelled as each object's depth and node count. */
@@ -2849,7 +2764,6 @@ static PyMethodDef methods[] = {
     {"rank_groups", (PyCFunction)(void (*)(void))rank_groups, METH_FASTCALL, rank_groups_doc},
     {"lay_out_rows", (PyCFunction)(void (*)(void))lay_out_rows, METH_FASTCALL, lay_out_rows_doc},
     {"encode_rows", (PyCFunction)(void (*)(void))encode_rows, METH_FASTCALL, encode_rows_doc},
-    {"group_lateness", (PyCFunction)(void (*)(void))group_lateness, METH_FASTCALL, group_lateness_doc},
     {"scan_pickle", (PyCFunction)(void (*)(void))scan_pickle, METH_FASTCALL, scan_pickle_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -10,14 +10,12 @@ compared only by a margin larger than any plausible clock skew.
 from __future__ import annotations
 
 import statistics
-from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import repeat
 from operator import sub
 
 from ..base.model import Group, MatchedOp
-from ..base.speedups import SPEEDUPS as _speedups
 from .evidence import Evidence
 
 MIN_OPS = 5  # a group is judged on at least this many ops
@@ -48,7 +46,6 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
     considered: dict[Group, int] = defaultdict(int)
     lags: dict[tuple[Group, int], list[int]] = defaultdict(list)
     judged: dict[Group, tuple[dict[int, int], int, bool]] = {}  # group -> (offsets, threshold, aligned)
-    whole: dict[Group, list[MatchedOp]] = {}  # ops every member issued, judged group by group in C
     for op in evidence.ops:
         parts = len(op.created_ns)  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
         if parts < 2 or op.kind != "collective" or op.missing:
@@ -58,12 +55,7 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
         if how is None:
             how = judged[group] = _how_to_judge(evidence, group, one_host)
         considered[group] += 1
-        if _speedups is not None and not op.unknown and parts == len(group.members):
-            whole.setdefault(group, []).append(op)
-        else:
-            _judge(op, how, evidence, lags)
-    for group, ops in whole.items():
-        _judge_whole(group, ops, judged[group], evidence, lags)
+        _judge(op, how, evidence, lags)
     found = []
     for (group, rank), values in lags.items():
         total = considered[group]
@@ -97,35 +89,6 @@ def _judge(
         return
     rank = list(op.entries)[created.index(latest)]
     lags[(op.group, rank)].append(int(latest - _median(ordered, len(ordered) - 1)))
-
-
-def _judge_whole(
-    group: Group,
-    ops: list[MatchedOp],
-    how: tuple[dict[int, int], int, bool],
-    evidence: Evidence,
-    lags: dict[tuple[Group, int], list[int]],
-) -> None:
-    """``_judge`` of each of a group's ops that every member issued, in one C pass over their enqueue
-    times (``_speedups.group_lateness``); one at a time where a number is past what it computes exactly."""
-    offsets, threshold, _ = how
-    ranks = list(ops[0].entries)  # every op's, in the same order: each has every member once
-    try:
-        shifts = array("q", [offsets.get(rank, 0) for rank in ranks]).tobytes() if offsets else None
-        created = b"".join([array("q", op.created_ns).tobytes() for op in ops])
-    except OverflowError:
-        done = None
-    else:
-        assert _speedups is not None
-        done = _speedups.group_lateness(created, len(ranks), shifts, threshold)
-    if done is None:
-        for op in ops:
-            _judge(op, how, evidence, lags)
-        return
-    medians, late = done
-    evidence.enqueue_medians.update(zip([op.op_key for op in ops], array("q", medians), strict=True))
-    for _, member, lag in late:
-        lags[(group, ranks[member])].append(lag)
 
 
 def _median(ordered: list[int], count: int) -> float:
