@@ -278,8 +278,8 @@ def test_an_op_settled_as_it_is_filed_is_what_classifying_it_says(sample: str):
 @pytest.mark.parametrize("sample", ["nccl/demo", "nccl/pipeline_batched"])
 def test_linked_ranks_keep_their_columns_and_give_the_entries_linking_makes(sample: str):
     """A rank whose coalesced groups are linked keeps its columns (``LinkedRows``) and gives, entry for
-    entry, what linking makes of its entries held as a list; each op of a group points at one closing
-    entry, however often it is made; and linking again gives the same."""
+    entry, what linking makes of its entries held as a list; the ops of a group made together point at
+    one closing entry, made apart at equal ones, and none is held; and linking again gives the same."""
     from fr2perfetto.match.coalesce import link_coalesced
     from fr2perfetto.read.job import load_job
 
@@ -295,13 +295,30 @@ def test_linked_ranks_keep_their_columns_and_give_the_entries_linking_makes(samp
         inner = [row for row, entry in enumerate(dump.entries) if entry.closed_by is not None]
         if isinstance(dump.entries, columns.LinkedRows):
             assert inner
-            assert all(
-                a.closed_by is b.closed_by
-                for a, b in zip(dump.entries.rows(inner), dump.entries.rows(inner), strict=True)
-            )
+            together, apart = dump.entries.rows(inner), dump.entries.rows(inner)
+            assert [a.closed_by for a in together] == [b.closed_by for b in apart]
+            closings = {id(entry.closed_by) for entry in together}
+            assert len(closings) == len({entry.closed_by.record_id for entry in together}) < len(inner)
+            assert _entries_held(dump.entries) == 0
     again = [list(dump.entries) for dump in linked.dumps.values()]
     link_coalesced(linked)
     assert [list(dump.entries) for dump in linked.dumps.values()] == again
+
+
+def _entries_held(held: object) -> int:
+    """How many ``Entry`` objects ``held`` reaches (what it keeps alive)."""
+    import gc
+
+    from fr2perfetto.base.model import Entry
+
+    seen, todo, count = {id(held)}, [held], 0
+    while todo:
+        for child in gc.get_referents(todo.pop()):
+            if id(child) not in seen and not isinstance(child, (str, bytes, int, float, type)):
+                seen.add(id(child))
+                todo.append(child)
+                count += type(child) is Entry
+    return count
 
 
 def _kept_values(kept: dict[str, bytes] | None, tables: columns.Tables | None) -> dict[str, list[object]]:

@@ -74,7 +74,7 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
     listed = _groups_listed(job) if no_dump else set()
     # rank -> unit -> (when the rank issued it, its waits); a unit is one op, or one batch of sends and
     # recvs, which completes only once all of them do: it waits for what any of them waits for
-    units: dict[int, dict[int, tuple[int, list[Wait]]]] = {}
+    units: dict[int, dict[object, tuple[int, list[Wait]]]] = {}
     for op in ops if no_dump else unsettled:  # an OK op is waited in only where a member left no dump
         why = _why_pending(op, no_dump, evidence.timed) or _waits_on_lost_dump(job, op, no_dump, listed)
         if why is None:
@@ -84,7 +84,7 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
         created = dict(zip(op.entries, op.created_ns, strict=True))
         for rank in blocked:
             closing = op.entries[rank][-1].closed_by if op.kind == "p2p" else None
-            unit = id(closing) if closing is not None else id(op)
+            unit = closing if closing is not None else id(op)  # a batch by value: made apart, equal
             issued, waits = units.setdefault(rank, {}).setdefault(unit, (created[rank], []))
             waits.append(wait)
             if created[rank] < issued:

@@ -179,7 +179,7 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
     main = streams[(group, None)] = Stream(slices=state.new_slices(), free=free)
     points = state.layout.lateness[group] = []  # the counter's value, where it changes
     late = -1.0
-    batches: dict[int, tuple[int, Stream, list[tuple[MatchedOp, str]]]] = {}  # batch -> (slice index, stream, ops)
+    batches: dict[Entry, tuple[int, Stream, list[tuple[MatchedOp, str]]]] = {}  # closing entry -> (slice, stream, ops)
     gloo: list[object] = []  # the gloo slice still open to the next op's enqueue: its stream and its parts
     position, count = 0, len(items)
     while position < count:
@@ -205,7 +205,7 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
         if op.kind == "p2p" and batch is None and op.peers:
             key = (group, _peer(op, state.rank))
             stream = streams.get(key) or streams.setdefault(key, Stream(slices=state.new_slices(), free=free))
-        joined = batches.get(id(batch)) if batch is not None else None
+        joined = batches.get(batch) if batch is not None else None
         flow = state.launch_base + (op.op_key if joined is None else joined[2][0][0].op_key)
         _enqueued(state, op, head, created, flow)
         if joined is not None:  # another send or recv of a batch already laid out: it ran with it
@@ -223,7 +223,7 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
                 _close_gloo(gloo, created)
             _ran(state, stream, op, entries, head, last, created, flow)
         if batch is not None:
-            batches[id(batch)] = (len(stream.slices) - 1, stream, [(op, head.op)])
+            batches[batch] = (len(stream.slices) - 1, stream, [(op, head.op)])
     if gloo:
         _close_gloo(gloo, None)
     for index, stream, ops in batches.values():

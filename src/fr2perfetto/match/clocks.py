@@ -131,8 +131,8 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
     ranks in the order of ``op.entries``. A rank whose entries are made from columns (``EntryRows``, or
     ``LinkedRows`` where its coalesced groups were linked) has the times of its last entry in each op read
     from its columns, in one call for all of ``ops``, with no entry made; where that entry's group is
-    closed by another (``closed_by``, a linked rank's), the closing entry's times. An op whose entries are
-    not the ranks' rows, from its entries."""
+    closed by another (a linked rank's), the closing entry's times (``LinkedRows.state_rows``). An op whose
+    entries are not the ranks' rows, from its entries."""
     columns_of: dict[int, EntryRows | LinkedRows | None] = {}  # rank -> its entries, where made from columns
     readable: dict[int, bool] = {}  # rank -> whether they are
     rows_of: dict[int, list[int]] = {}  # rank -> the row of its last entry, op after op
@@ -144,7 +144,12 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
             if not columns_of.keys() >= last_rows.keys():  # a rank met for the first time
                 for rank in last_rows.keys() - columns_of.keys():
                     source = parts.entries_source(rank)
-                    columns_of[rank] = source if isinstance(source, (EntryRows, LinkedRows)) else None
+                    if isinstance(source, EntryRows) or (
+                        isinstance(source, LinkedRows) and source.state_rows(()) is not None
+                    ):
+                        columns_of[rank] = source
+                    else:
+                        columns_of[rank] = None
                     readable[rank] = columns_of[rank] is not None
             if all(map(readable.__getitem__, last_rows)):
                 for rank, row in last_rows.items():
@@ -156,10 +161,9 @@ def _state_times(ops: list[MatchedOp]) -> list[list[tuple[int, int | None, int |
     for rank, rows in rows_of.items():
         columns = columns_of[rank]
         assert columns is not None
-        started, completed = columns.values("time_started_ns", rows), columns.values("time_completed_ns", rows)
-        for at, closing in enumerate(columns.values("closed_by", rows)):
-            if closing is not None:
-                started[at], completed[at] = closing.time_started_ns, closing.time_completed_ns
+        state = columns.state_rows(rows) if isinstance(columns, LinkedRows) else rows
+        assert state is not None  # readable
+        started, completed = columns.values("time_started_ns", state), columns.values("time_completed_ns", state)
         read[rank] = zip(started, completed, strict=True)
     times = []
     for ranks in plan:

@@ -268,12 +268,8 @@ def _take_collective_columns(
         flagged = None
         if not isinstance(dump.entries, EntryRows):  # held, or linked: some may be in a coalesced group
             held = dump.entries
-            closing = (  # where they are linked, read without making them
-                held.values("closed_by", range(len(held)))
-                if isinstance(held, LinkedRows)
-                else (e.closed_by for e in held)
-            )
-            in_group = bytes(by is not None for by in closing)
+            # where they are linked, read without making them
+            in_group = held.closed() if isinstance(held, LinkedRows) else bytes(e.closed_by is not None for e in held)
             flagged = in_group if any(in_group) else None
         inputs.append((
             rank, len(dump.entries), gather(c["group"], remap.tobytes(), 4), c["collective_seq"], c["op"],

@@ -134,13 +134,14 @@ def _settle_batches(
     if not undecided:
         return shifts
     where: dict[int, tuple[PairKey, bool, int]] = {}  # id(entry) -> (pair, is a send, position)
-    batches: dict[int, list[Entry]] = {}  # id(closing entry) -> its ops
+    # closing entry (its rank's, by value: entries made apart share none) -> its batch's ops
+    batches: dict[Entry, list[Entry]] = {}
     for key, (sends, recvs) in sides.items():
         for is_send, side in ((True, sends), (False, recvs)):
             for position, entry in enumerate(side):
                 where[id(entry)] = (key, is_send, position)
                 if entry.closed_by is not None and entry.closed_by.state != COMPLETED:
-                    batches.setdefault(id(entry.closed_by), []).append(entry)
+                    batches.setdefault(entry.closed_by, []).append(entry)
     if not batches:
         return shifts
 

@@ -442,15 +442,19 @@ class LinkedRows(Sequence[Entry]):
     """A rank's entries once its coalesced groups are linked (``match.coalesce``): made from its columns when
     asked for, as ``EntryRows``' are, but for the fields the linking changed (``fields``: each op's
     ``closed_by``; where it changed them, a batch's closing entry made p2p, collective seqs renumbered, an op
-    set aside), held one value a row. A rank whose pipeline batches its sends and recvs links a third of its
-    entries: it holds 8 bytes a row for each such field, and each group's closing entry, not every entry
-    (about 400 bytes each). A closing entry is one object however often an op of its group is made.
+    set aside). Each op's ``closed_by`` is held as the row of its closing entry, which is made with the ops
+    that point at it; any other changed field, one value a row. A rank whose pipeline batches its sends and
+    recvs links a third of its entries: it holds 4 bytes a row for its closing entries and 8 for each other
+    such field, not the entries (about 400 bytes each), nor each batch's closing entry (about 520 with its
+    numbers: 1.4 GB for a pipeline job of 16,384 ranks).
 
-    Not an ``EntryRows``: its columns no longer tell all that its entries hold, so what reads a rank's
-    columns for speed reads these entries instead, as it would a list's.
+    The entries made by one call share one closing entry per group; calls made apart give equal ones, not
+    the same objects: what keys a batch by its closing entry keys it by value. Not an ``EntryRows``: its
+    columns no longer tell all that its entries hold, so what reads a rank's columns for speed reads these
+    entries instead, as it would a list's.
     """
 
-    __slots__ = ("_linked", "_rows", "base")
+    __slots__ = ("_closing", "_linked", "_rows", "base")
 
     def __init__(self, base: EntryRows, made: list[Entry], linked: Sequence[Entry], fields: Sequence[str]) -> None:
         """``made``: ``base``'s entries as it makes them; ``linked``: the same once linked."""
@@ -459,12 +463,18 @@ class LinkedRows(Sequence[Entry]):
         self.base = base  # the rows as read, which a later linking starts from again
         sources = list(base._sources)
         self._linked: dict[str, list[Any]] = {}  # field -> its values, where linking changed some
+        self._closing: array[int] | None = None  # row -> the row of its closing entry (-1: none), where held so
         for field in fields:
             index = Entry._fields.index(field)
-            values = [entry[index] for entry in linked]
-            if values != [entry[index] for entry in made]:
-                sources[index] = ("v", values, None)
-                self._linked[field] = values
+            values: list[Any] = [entry[index] for entry in linked]
+            if values == [entry[index] for entry in made]:
+                continue
+            if field == "closed_by":
+                self._closing = _closing_rows(linked, values)
+                if self._closing is not None:
+                    continue  # made with the entries that point at them (``rows``)
+            sources[index] = ("v", values, None)
+            self._linked[field] = values
         self._rows = EntryRows(len(base), sources)
 
     def kept_columns(self) -> dict[str, bytes] | None:
@@ -480,13 +490,31 @@ class LinkedRows(Sequence[Entry]):
                         return None
         return kept
 
+    def closed(self) -> bytes:
+        """1 for each row whose op is closed by another entry (in a coalesced group), else 0."""
+        if self._closing is not None:
+            return bytes(row >= 0 for row in self._closing)
+        return bytes(by is not None for by in self.values("closed_by", range(len(self))))
+
+    def state_rows(self, rows: Sequence[int]) -> list[int] | None:
+        """The row of the entry that carries each of ``rows``' state (``base.model.state_entry``): its
+        closing entry's where it has one, else its own; None where ``closed_by`` is held as values."""
+        closing = self._closing
+        if closing is None:
+            return None if "closed_by" in self._linked else list(rows)
+        return [row if closing[row] < 0 else closing[row] for row in rows]
+
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it (``EntryRows.values``)."""
+        if field == "closed_by" and self._closing is not None:
+            return [entry.closed_by for entry in self.rows(rows)]
         linked = self._linked.get(field)
         return self.base.values(field, rows) if linked is None else [linked[row] for row in rows]
 
     def distinct(self, field: str) -> set[Any]:
         """The values that one of ``Entry``'s fields takes (``EntryRows.distinct``)."""
+        if field == "closed_by" and self._closing is not None:
+            return {entry.closed_by for entry in self}
         linked = self._linked.get(field)
         return self.base.distinct(field) if linked is None else set(linked)
 
@@ -494,29 +522,71 @@ class LinkedRows(Sequence[Entry]):
         return len(self._rows)
 
     def rows(self, rows: Sequence[int]) -> list[Entry]:
-        """The entries at ``rows``, in their order."""
-        return self._rows.rows(rows)
+        """The entries at ``rows``, in their order; those of one group share its closing entry, made once."""
+        closing = self._closing
+        if closing is None:
+            return self._rows.rows(rows)
+        wanted = array("I", rows)
+        closing_of = [closing[row] for row in wanted]
+        needed = sorted(set(closing_of) - {-1})
+        if not needed:
+            return self._rows.rows(wanted)
+        closings = dict(zip(needed, self._rows.rows(needed), strict=True))  # each closed by none
+        closed_by: list[Entry | None] = [None] * len(self._rows)
+        for row, at in zip(wanted, closing_of, strict=True):
+            if at >= 0:
+                closed_by[row] = closings[at]
+        sources = list(self._rows._sources)
+        sources[_CLOSED_BY] = ("v", closed_by, None)
+        return make_entries(Entry, len(self._rows), sources, wanted.tobytes())
 
     @overload
     def __getitem__(self, index: int) -> Entry: ...
     @overload
     def __getitem__(self, index: slice) -> list[Entry]: ...
     def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
-        return self._rows[index]
+        count = len(self._rows)
+        if isinstance(index, slice):
+            return self.rows(range(*index.indices(count)))
+        row = index + count if index < 0 else index
+        if not 0 <= row < count:
+            raise IndexError("entry index out of range")
+        return self.rows((row,))[0]
 
     def __iter__(self) -> Iterator[Entry]:
-        return iter(self._rows)
+        count, chunk = len(self._rows), EntryRows.CHUNK
+        for start in range(0, count, chunk):
+            yield from self.rows(range(start, min(start + chunk, count)))
 
     def __reversed__(self) -> Iterator[Entry]:
-        return reversed(self._rows)
+        return reversed(list(self))
 
     def __eq__(self, other: object) -> bool:
-        return self._rows == other
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return repr(self._rows)
+        return repr(list(self))
+
+
+_CLOSED_BY = Entry._fields.index("closed_by")
+
+
+def _closing_rows(linked: Sequence[Entry], closed_by: list[Entry | None]) -> array[int] | None:
+    """The row of each entry's closing entry (-1: none), where every closing entry is one of ``linked`` and
+    closed by none itself; else None (its ``closed_by`` is then held as the values)."""
+    row_of = {id(entry): row for row, entry in enumerate(linked)}
+    rows = array("i", [-1]) * len(linked)
+    for row, closing in enumerate(closed_by):
+        if closing is not None:
+            at = row_of.get(id(closing))
+            if at is None or closed_by[at] is not None:
+                return None
+            rows[row] = at
+    return rows
 
 
 _WIDTHS = {"q": 8, "Q": 8, "d": 8, "I": 4, "B": 1, "0": 4, "1": 4}  # bytes per row of a source's column
