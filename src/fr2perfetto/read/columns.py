@@ -305,7 +305,51 @@ def make_entries(entry_type: type[Entry], count: int, sources: list[Source], row
     return entries_in_python(entry_type, count, sources, rows)
 
 
-class EntryRows(Sequence[Entry]):
+class _MadeFromRows(Sequence[Entry]):
+    """A rank's entries made when asked for, a sequence of them by ``rows`` and ``__len__``: indexing makes one
+    row, iterating a chunk of rows at a time."""
+
+    __slots__ = ()
+    CHUNK = 4096  # rows made at once while iterating: one C call each, little held
+
+    def rows(self, rows: Sequence[int]) -> list[Entry]:
+        """The entries at ``rows``, in their order."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> Entry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Entry]: ...
+    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
+        count = len(self)
+        if isinstance(index, slice):
+            return self.rows(range(*index.indices(count)))
+        row = index + count if index < 0 else index
+        if not 0 <= row < count:
+            raise IndexError("entry index out of range")
+        return self.rows((row,))[0]
+
+    def __iter__(self) -> Iterator[Entry]:
+        count = len(self)
+        for start in range(0, count, self.CHUNK):
+            yield from self.rows(range(start, min(start + self.CHUNK, count)))
+
+    def __reversed__(self) -> Iterator[Entry]:
+        for stop in range(len(self), 0, -self.CHUNK):
+            yield from reversed(self.rows(range(max(0, stop - self.CHUNK), stop)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))  # as the list of its entries would print
+
+
+class EntryRows(_MadeFromRows):
     """A rank's entries, made from its columns when asked for and held by no one here: a job of millions
     of entries holds their columns (about 150 bytes an entry), not the entries (about 400). A column that
     holds one value in every row is held as that value (``_constants``): a rank's timeout, its thread, its
@@ -316,7 +360,6 @@ class EntryRows(Sequence[Entry]):
     """
 
     __slots__ = ("_constant", "_count", "_sources", "tables")
-    CHUNK = 4096  # rows made at once while iterating: one C call each, little held
 
     def __init__(self, count: int, sources: list[Source], tables: Tables | None = None) -> None:
         self._count = count
@@ -352,18 +395,6 @@ class EntryRows(Sequence[Entry]):
     def rows(self, rows: Sequence[int]) -> list[Entry]:
         """The entries at ``rows``, in their order."""
         return make_entries(Entry, self._count, self._sources, array("I", rows).tobytes())
-
-    @overload
-    def __getitem__(self, index: int) -> Entry: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Entry]: ...
-    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
-        if isinstance(index, slice):
-            return self.rows(range(*index.indices(self._count)))
-        row = index + self._count if index < 0 else index
-        if not 0 <= row < self._count:
-            raise IndexError("entry index out of range")
-        return self.rows((row,))[0]
 
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column where it
@@ -419,26 +450,8 @@ class EntryRows(Sequence[Entry]):
             at = data.find(needle, at + 1)
         return rows
 
-    def __iter__(self) -> Iterator[Entry]:
-        for start in range(0, self._count, self.CHUNK):
-            yield from self.rows(range(start, min(start + self.CHUNK, self._count)))
 
-    def __reversed__(self) -> Iterator[Entry]:
-        for stop in range(self._count, 0, -self.CHUNK):
-            yield from reversed(self.rows(range(max(0, stop - self.CHUNK), stop)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(list(self))  # as the list of its entries would print
-
-
-class LinkedRows(Sequence[Entry]):
+class LinkedRows(_MadeFromRows):
     """A rank's entries once its coalesced groups are linked (``match.coalesce``): made from its columns when
     asked for, as ``EntryRows``' are, but for the fields the linking changed (``fields``: each op's
     ``closed_by``; where it changed them, a batch's closing entry made p2p, collective seqs renumbered, an op
@@ -539,37 +552,6 @@ class LinkedRows(Sequence[Entry]):
         sources = list(self._rows._sources)
         sources[_CLOSED_BY] = ("v", closed_by, None)
         return make_entries(Entry, len(self._rows), sources, wanted.tobytes())
-
-    @overload
-    def __getitem__(self, index: int) -> Entry: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Entry]: ...
-    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
-        count = len(self._rows)
-        if isinstance(index, slice):
-            return self.rows(range(*index.indices(count)))
-        row = index + count if index < 0 else index
-        if not 0 <= row < count:
-            raise IndexError("entry index out of range")
-        return self.rows((row,))[0]
-
-    def __iter__(self) -> Iterator[Entry]:
-        count, chunk = len(self._rows), EntryRows.CHUNK
-        for start in range(0, count, chunk):
-            yield from self.rows(range(start, min(start + chunk, count)))
-
-    def __reversed__(self) -> Iterator[Entry]:
-        return reversed(list(self))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(list(self))
 
 
 _CLOSED_BY = Entry._fields.index("closed_by")
