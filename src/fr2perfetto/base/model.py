@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, getitem, itemgetter
 from typing import Any, NamedTuple
@@ -389,6 +389,13 @@ class MatchedOp:
         if self.kind == "p2p" and self.peers:
             return f"{op_name} {self.peers[0]}->{self.peers[1]} #{self.seq}"
         return f"{op_name} #{self.seq}"
+
+
+def ops_by_key(ops: Sequence[MatchedOp], keys: Iterable[int]) -> dict[int, MatchedOp]:
+    """The ops among ``ops`` whose ``op_key`` is one of ``keys``, by key. A map of every op would hold an item
+    per op (millions in a pipeline job of thousands of ranks) for the few that findings name."""
+    wanted = set(keys)
+    return {op.op_key: op for op in ops if op.op_key in wanted}
 
 
 def entries_at(entries: Sequence[Entry], rows: Sequence[int]) -> list[Entry]:

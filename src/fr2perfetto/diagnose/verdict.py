@@ -23,6 +23,7 @@ from ..base.model import (
     MatchedOp,
     head_entry,
     inner_entries,
+    ops_by_key,
     state_entry,
 )
 from ..base.words import group_called, group_in_words, lateness_track, ranks_text, verb, where
@@ -873,10 +874,10 @@ def diagnose(job: Job, ops: list[MatchedOp]) -> Diagnosis:
         findings += rule_stuck_cpu(job, freeze) + rule_crashed(job)
     findings, notes = corroborate(evidence, findings)
     findings = order_findings(findings, evidence.timed)
-    ops_by_key = {op.op_key: op for op in ops}
+    by_key = ops_by_key(ops, (key for finding in findings for key in finding.op_keys))
     for finding in findings:
         if finding.kind != KIND_STUCK_CPU:  # whose stack is the snapshot that shows it stuck
-            finding.stacks = culprit_stacks(evidence, finding, ops_by_key)
+            finding.stacks = culprit_stacks(evidence, finding, by_key)
             finding.culprit_frames = finding.stacks[0][1] if finding.stacks else ()
         elif finding.culprit_frames:
             finding.stacks = ((finding.culprit_ranks, finding.culprit_frames),)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 
 from .. import __version__
-from ..base.model import Finding, MatchedOp, ranks_label, state_entry
+from ..base.model import Finding, MatchedOp, ops_by_key, ranks_label, state_entry
 from ..base.text import code_block, markdown_text, shown
 from ..base.words import count, group_called, ranks_text, stacks_said_once
 from ..diagnose.verdict import KIND_STRAGGLER, Diagnosis
@@ -103,7 +103,7 @@ def _findings(listed: Listed) -> list[str]:
 
 def _culprit_table(job: Job, ops: list[MatchedOp], diagnosis: Diagnosis, ranks: tuple[int, ...]) -> list[str]:
     """A row per culprit: rank, host (where any source names one), group, op, its state there, why."""
-    by_key = {op.op_key: op for op in ops}
+    by_key = ops_by_key(ops, (f.op_keys[0] for f in diagnosis.findings if f.op_keys))
     with_hosts = any(job.host_of(rank) for rank in ranks)
     head = ["rank", *(["host"] if with_hosts else []), "group", "op", "state", "why"]
     rows = ["| " + " | ".join(head) + " |", "| ---: |" + " --- |" * (len(head) - 1)]
