@@ -371,13 +371,22 @@ class MatchedOp:
     peers: tuple[int, int] | None = None  # p2p: (source, destination) global ranks
     op_key: int = 0  # a number unique to this op in the job, used for flow ids
     name: str = "?"  # the op most of its ranks issued, e.g. ``all_reduce`` (set by the matcher)
-    first_time_ns: int = 0  # when the first rank enqueued it, the least of ``created_ns`` (set by the matcher)
-    # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry),
-    # and the state of each rank's part (that of its state entry).
+    first_time_ns: int = 0  # when the first rank enqueued it, the least of ``enqueued_ns()`` (set by the matcher)
+    # In the order of ``entries`` (set by the matcher): when each rank enqueued it (its first entry), for a
+    # collective (a send's and recv's: ``enqueued_ns``), and the state of each rank's part (that of its state
+    # entry).
     created_ns: Sequence[int] = field(default_factory=list)
     states: Sequence[str] = field(default_factory=list)  # the ops of n ranks that each completed share a tuple
     # a send or recv in a batch (or one a rank sent itself): its ends need not complete together (set by the matcher)
     in_batch: bool = False
+
+    def enqueued_ns(self) -> Sequence[int]:
+        """When each rank enqueued the op (its first entry), in the order of ``entries``. A send's and recv's
+        times are read from its entries, for the few transfers that are asked: an array of them for each of
+        the millions of transfers of a pipeline job would hold 90 bytes a transfer."""
+        if self.kind == "p2p":
+            return [entries[0].time_created_ns for entries in self.entries.values()]
+        return self.created_ns
 
     @property
     def title(self) -> str:

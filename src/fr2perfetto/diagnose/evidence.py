@@ -81,7 +81,7 @@ def gather_evidence(job: Job, ops: list[MatchedOp]) -> Evidence:
             continue
         reason, on, blocked = why
         wait = Wait(op, on, reason)
-        created = dict(zip(op.entries, op.created_ns, strict=True))
+        created = dict(zip(op.entries, op.enqueued_ns(), strict=True))
         for rank in blocked:
             closing = op.entries[rank][-1].closed_by if op.kind == "p2p" else None
             unit = closing if closing is not None else id(op)  # a batch by value: made apart, equal
@@ -268,7 +268,7 @@ def _find_queued(evidence: Evidence, blocked_since: dict[int, int]) -> None:
     if not blocked_since:
         return
     for op in evidence.unsettled:
-        for rank, state, created in zip(op.entries, op.states, op.created_ns, strict=True):
+        for rank, state, created in zip(op.entries, op.states, op.enqueued_ns(), strict=True):
             since = blocked_since.get(rank)
             if since is None or state == COMPLETED or created <= since or evidence.waits[rank].op is op:
                 continue

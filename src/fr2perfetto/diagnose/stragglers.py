@@ -47,7 +47,7 @@ def find_stragglers(evidence: Evidence) -> list[Straggler]:
     lags: dict[tuple[Group, int], list[int]] = defaultdict(list)
     judged: dict[Group, tuple[dict[int, int], int, bool]] = {}  # group -> (offsets, threshold, aligned)
     for op in evidence.ops:
-        parts = len(op.created_ns)  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
+        parts = len(op.created_ns)  # a collective's: one per rank with a part, as ``len(op.entries)`` counts, but in C
         if parts < 2 or op.kind != "collective" or op.missing:
             continue
         group = op.group

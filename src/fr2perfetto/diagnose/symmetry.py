@@ -168,7 +168,7 @@ def _went_past(evidence: Evidence, cycle: list[int]) -> tuple[int, str] | None:
     blocked_at = {}
     for rank in cycle:
         op = evidence.waits[rank].op
-        created = dict(zip(op.entries, op.created_ns, strict=True)).get(rank)
+        created = dict(zip(op.entries, op.enqueued_ns(), strict=True)).get(rank)
         if created is None:
             return None
         blocked_at[rank] = clocks.aligned(rank, created)

@@ -45,7 +45,7 @@ def find_late_entries(evidence: Evidence) -> list[CameLate]:
     # comes on top of the margin): that settles nearly every op on its raw times, unaligned
     never_late_ns = MIN_MARGIN_NS - (max(offsets) - min(offsets))
     for op in evidence.ops:
-        enqueued = op.created_ns  # one per rank that holds a part, as ``len(op.entries)`` counts, but in C
+        enqueued = op.created_ns  # a collective's: one per rank with a part, as ``len(op.entries)`` counts, but in C
         if len(enqueued) < 2 or op.kind != "collective" or op.group in found:
             continue
         if max(enqueued) - op.first_time_ns <= never_late_ns:  # the matcher's first_time_ns: min(enqueued)

@@ -142,14 +142,14 @@ def match_ops(job: Job) -> list[MatchedOp]:
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
         # recv's entries made from its rows again, for each look at them, cost more than the pairing
         in_hand = {rank: pair.entries[rank] for rank in held}
-        first_time, alike, pending, created, states, name, in_batch = _scan_transfer(in_hand)
+        first_time, alike, pending, _, states, name, in_batch = _scan_transfer(in_hand)
         if states.count(COMPLETED) == len(states):
             states = completed(len(states))
         peers = (pair.source, pair.destination)
         op = MatchedOp(
             group=pair.group, kind="p2p", seq=pair.index, missing=pair.missing, entries=in_hand,
             unknown=pair.unknown, peers=pair_peers.setdefault(peers, peers), first_time_ns=first_time,
-            created_ns=array("q", created), states=states, name=name, in_batch=in_batch,
+            created_ns=(), states=states, name=name, in_batch=in_batch,
         )  # fmt: skip
         classify(op, alike, pending)
         op.entries = held
