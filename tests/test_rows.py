@@ -148,6 +148,28 @@ def test_slice_rows_hold_slices_as_a_list_would():
     assert held[0] is early and held[4] is late and [s.start for s in held][1:4] == [10, 10, 30]
 
 
+def test_slices_a_record_can_stand_for_are_held_as_records():
+    """A send's or recv's slice (one flow, standing for the rank's one entry at a row) and an enqueue's instant
+    are held as records, which the writer encodes in C, with looks of the track's own, numbered after the
+    table's for the encoder; a slice closed by another entry stays an object."""
+    table = LookTable()
+    shared, send, enqueue = SliceLook("shared", ()), SliceLook("send", ()), SliceLook("enqueue", ())
+    table.number(shared)
+    held = SliceRows(table, ["entry 0", "entry 1"])  # type: ignore[arg-type]
+    ran = Slice(30, 40, send, "entry 1", "entry 1", (7,))  # type: ignore[arg-type]
+    enqueued = Slice(10, None, enqueue, None, None, (8,))
+    batched = Slice(50, 60, send, "entry 0", "its batch's closing entry", (9,))  # type: ignore[arg-type]
+    held.append(ran, 1)
+    held.append(enqueued)
+    held.append(batched, 0)
+    assert held.extras == [batched] and held.own_looks == [send, enqueue] and len(table.looks) == 1
+    assert list(held) == [ran, enqueued, batched]
+    records, looks = held.numbered()
+    assert looks == [shared, send, enqueue]
+    numbers = [rows_module.RECORD.unpack_from(records, i * rows_module.RECORD.size)[3] for i in range(3)]
+    assert numbers == [1, 2, rows_module.EXTRA]
+
+
 _EXTREMES = [0, 1, 2**56 - 1, 2**56, 2**62 - 1, 2**62, 2**63 - 1]  # times no real job writes; C adds none of them
 
 

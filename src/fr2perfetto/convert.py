@@ -14,7 +14,7 @@ import stat
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import IO
@@ -31,7 +31,7 @@ from .layout.focus import focus_of, metadata_packet
 from .layout.fold import View, full_view
 from .layout.looks import Highlights
 from .layout.rows import ITEM, SliceRows, job_rows
-from .layout.scene import TimeSpan, Track
+from .layout.scene import Slice, TimeSpan, Track
 from .layout.timeline import (
     FINDINGS_UUID,
     drawn_counts,
@@ -222,10 +222,15 @@ def _write_ranks(
     for timeline in rank_timelines(scene.job, index, scene.span, scene.highlights, view, rows):
         _write_tracks(writer, timeline.tracks)
         held = rows.items.get(timeline.rank, b"") if rows is not None else b""
-        made = sum(len(t.slices.extras if isinstance(t.slices, SliceRows) else t.slices) for t in timeline.tracks)
+        made = sum(_made_slices(t.slices) for t in timeline.tracks)
         room -= len(index.get(timeline.rank, ())) + len(held) // ITEM.size + MADE_SLICE_ITEMS * made
         if room >= 0 and kept is not None:
             kept.append(timeline)
+
+
+def _made_slices(slices: Sequence[Slice]) -> int:
+    """How many of a track's slices were made as objects (a record's look of its own counts as one)."""
+    return len(slices.extras) + len(slices.own_looks) if isinstance(slices, SliceRows) else len(slices)
 
 
 # Parallel writing: below this many processes per worker, forking costs more than it saves.

@@ -28,11 +28,13 @@ ITEM = struct.Struct("=ii")
 MISSING_ROW = -1  # the rank never issued the op
 HELD_ROW = -2  # the op gives the rank's entries (several, or held as a dict)
 # A slice (``SliceRows``): start, end (``NO_END``: an instant), its own flow, the number of its look in the
-# writer's ``LookTable`` (``EXTRA``: the slice is ``SliceRows.extras[row]``), the row of the rank's entry it
-# stands for (-1: none)
+# writer's ``LookTable`` (``EXTRA``: the slice is ``SliceRows.extras[row]``; from ``OWN_LOOK`` on: the look is
+# ``SliceRows.own_looks[number - OWN_LOOK]``), the row of the rank's entry it stands for (-1: none)
 RECORD = struct.Struct("=qqQii")
 NO_END = -(2**63)
 EXTRA = -1
+OWN_LOOK = 1 << 30
+_LOOK_AT = 6  # a record read as int32s: where its look's number is
 _INT64 = (-(2**63), 2**63 - 1)
 
 # The columns of a rank's entries that decide the look of its slice (looks.look_key): by Entry field
@@ -69,14 +71,16 @@ class LookTable:
 
 class SliceRows(Sequence[Slice]):
     """A track's slices, in order: records (``RECORD``) that the C layout writes, and ``Slice`` objects added
-    one at a time (``append``: held in ``extras``, a record naming each). A record's ``Slice`` is made when
-    asked for, its entry from the rank's entries."""
+    one at a time (``append``: a record where one can stand for the slice, else held in ``extras``, a record
+    naming each). A record's ``Slice`` is made when asked for, its entry from the rank's entries."""
 
-    __slots__ = ("clamped", "entries", "extras", "records", "table")
+    __slots__ = ("clamped", "entries", "extras", "own_looks", "records", "table")
 
     def __init__(self, table: LookTable, entries: Sequence[Entry]) -> None:
         self.records = bytearray()
         self.extras: list[Slice] = []
+        # the looks of records added by ``append``: a send's or recv's is its rank's alone, and goes with the track
+        self.own_looks: list[SliceLook] = []
         self.table = table
         self.entries = entries
         self.clamped = False  # an extra starts beyond what a record holds (a stranger's times)
@@ -84,7 +88,23 @@ class SliceRows(Sequence[Slice]):
     def __len__(self) -> int:
         return len(self.records) // RECORD.size
 
-    def append(self, item: Slice) -> None:
+    def append(self, item: Slice, row: int = -1) -> None:
+        """Add a slice: as a record where it has one flow and is an instant that stands for no entry, or a
+        slice that stands for the rank's one entry at ``row`` (its head and last), so that the writer encodes
+        it in C; else as an extra."""
+        start, end, look, head, last, flows = item
+        if (
+            len(flows) == 1 and head is last and (head is None if end is None else row >= 0)
+            and _INT64[0] < start and (end is None or _INT64[0] < end <= _INT64[1]) and start <= _INT64[1]
+            and 0 <= flows[0] < 2**64 and len(self.own_looks) < OWN_LOOK
+        ):  # fmt: skip
+            self.own_looks.append(look)
+            number = OWN_LOOK + len(self.own_looks) - 1
+            if end is None:
+                self.records += RECORD.pack(start, NO_END, flows[0], number, -1)
+            else:
+                self.records += RECORD.pack(start, end, flows[0], number, row)
+            return
         self.extras.append(item)
         self.records += self._extra_record(item, len(self.extras) - 1)
 
@@ -100,7 +120,8 @@ class SliceRows(Sequence[Slice]):
         if look == EXTRA:
             return self.extras[row]
         head = self.entries[row] if row >= 0 else None
-        return Slice(start, None if end == NO_END else end, self.table.looks[look], head, head, (flow,))
+        made = self.own_looks[look - OWN_LOOK] if look >= OWN_LOOK else self.table.looks[look]
+        return Slice(start, None if end == NO_END else end, made, head, head, (flow,))
 
     def __getitem__(self, index: int) -> Slice:  # type: ignore[override]
         at = index + len(self) if index < 0 else index
@@ -133,6 +154,19 @@ class SliceRows(Sequence[Slice]):
         size = RECORD.size
         self.records = bytearray(b"".join(self.records[i * size : i * size + size] for i in order))
 
+    def numbered(self) -> tuple[bytearray, list[SliceLook]]:
+        """The records and the looks they number, for ``_speedups.encode_rows``: the track's own looks after the
+        table's, each record that names one renumbered to match."""
+        if not self.own_looks:
+            return self.records, self.table.looks
+        looks = self.table.looks + self.own_looks
+        records = bytearray(self.records)
+        shift = len(self.table.looks) - OWN_LOOK
+        with memoryview(records) as view, view.cast("i") as numbers:
+            column = numbers[_LOOK_AT :: RECORD.size // 4].tolist()
+            numbers[_LOOK_AT :: RECORD.size // 4] = array("i", [n + shift if n >= OWN_LOOK else n for n in column])
+        return records, looks
+
     def facts(self) -> tuple[object, ...]:
         """What ``_speedups.encode_rows`` reads of the rank's entries: their columns (``_FACT_COLUMNS``) and the
         threads table."""
@@ -155,6 +189,10 @@ class RankItems(Sequence[tuple[MatchedOp, list[Entry]]]):
 
     def __len__(self) -> int:
         return len(self.packed) // ITEM.size
+
+    def row(self, index: int) -> int:
+        """The row of the rank's one entry in the item at ``index``, or ``MISSING_ROW`` or ``HELD_ROW``."""
+        return ITEM.unpack_from(self.packed, index * ITEM.size)[1]  # type: ignore[no-any-return]
 
     def __getitem__(self, index: int) -> tuple[MatchedOp, list[Entry]]:  # type: ignore[override]
         op_index, row = ITEM.unpack_from(self.packed, index * ITEM.size)

@@ -84,6 +84,7 @@ class _Rank:
     instants: list[Slice] | SliceRows = field(default_factory=list)
     rows: RankRows | None = None  # laid out from rows: what the C layout reads of the rank
     entries: Sequence[Entry] = ()  # the rank's entries, which rows index
+    row: int = -1  # laid out from rows: the row of the rank's one entry in the op laid out (-1: none)
 
     def new_slices(self) -> list[Slice] | SliceRows:
         """An empty track's slices: records where the rank is laid out from rows."""
@@ -191,6 +192,9 @@ def _group(state: _Rank, group: Group, items: Sequence[tuple[MatchedOp, list[Ent
             if position == count:
                 break
         op, entries = items[position]
+        if state.rows is not None:
+            assert isinstance(items, RankItems)
+            state.row = items.row(position)
         position += 1
         if not entries:  # never issued: a marker where the others entered it
             marker = state.looks.never_issued(op)
@@ -274,11 +278,11 @@ def _ran(
         if completed is not None:
             end = completed if completed > start else start + 1
             stream.free = end
-            stream.slices.append(_new_slice(Slice, (start, end, looks.ran(op, entries, head, last), head, last,
-                                                    (flow,))))  # fmt: skip
+            _add(state, stream, _new_slice(Slice, (start, end, looks.ran(op, entries, head, last), head, last,
+                                                   (flow,))))  # fmt: skip
         else:  # the first op of the stream that did not complete: it holds the stream
-            stream.slices.append(_new_slice(Slice, (start, state.end, looks.holds(op, entries, head, last), head,
-                                                    last, (flow,))))  # fmt: skip
+            _add(state, stream, _new_slice(Slice, (start, state.end, looks.holds(op, entries, head, last), head, last,
+                                                   (flow,))))  # fmt: skip
             stream.holder, stream.holder_start, stream.inner_free = op, start, start
         return
     stream.nested = True
@@ -286,10 +290,19 @@ def _ran(
         start = max(start, stream.inner_free, stream.holder_start)
         end = min(max(completed, start + 1), state.end)
         stream.inner_free = end
-        stream.slices.append(_new_slice(Slice, (start, end, looks.ran(op, entries, head, last), head, last, (flow,))))
+        _add(state, stream, _new_slice(Slice, (start, end, looks.ran(op, entries, head, last), head, last, (flow,))))
     else:
         look = looks.queued(op, head, stream.holder)
         stream.slices.append(_new_slice(Slice, (created, None, look, head, last, (flow,))))
+
+
+def _add(state: _Rank, stream: Stream, item: Slice) -> None:
+    """Add a slice of the op laid out to its stream: as a record, where the rank is laid out from rows and one
+    can stand for it (``SliceRows.append``)."""
+    if isinstance(stream.slices, SliceRows):
+        stream.slices.append(item, state.row)
+    else:
+        stream.slices.append(item)
 
 
 def _gloo(

@@ -357,7 +357,7 @@ class PerfettoWriter:
             self._make_fact_heads()  # interns their names now, whichever path encodes the slices
         if _speedups is not None and isinstance(slices, SliceRows):
             data, slice_count, marker_count, launches = _speedups.encode_rows(
-                slices.records, slices.table.looks, slices.facts(), self._fast_context(codes),
+                *slices.numbered(), slices.facts(), self._fast_context(codes),
                 lambda index: self._slice_packets(slices[index], codes),
             )  # fmt: skip
             self.stats.launches += launches
