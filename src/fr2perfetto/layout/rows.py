@@ -34,7 +34,7 @@ RECORD = struct.Struct("=qqQii")
 NO_END = -(2**63)
 EXTRA = -1
 OWN_LOOK = 1 << 30
-_LOOK_AT = 6  # a record read as int32s: where its look's number is
+_LOOK_AT = struct.calcsize("=qqQ") // 4  # a record read as int32s: where its look's number is
 _INT64 = (-(2**63), 2**63 - 1)
 
 # The columns of a rank's entries that decide the look of its slice (looks.look_key): by Entry field
@@ -94,7 +94,7 @@ class SliceRows(Sequence[Slice]):
         it in C; else as an extra."""
         start, end, look, head, last, flows = item
         if (
-            len(flows) == 1 and head is last and (head is None if end is None else row >= 0)
+            len(flows) == 1 and head is last and (head is None if end is None else row >= 0 and head is not None)
             and _INT64[0] < start and (end is None or _INT64[0] < end <= _INT64[1]) and start <= _INT64[1]
             and 0 <= flows[0] < 2**64 and len(self.own_looks) < OWN_LOOK
         ):  # fmt: skip
