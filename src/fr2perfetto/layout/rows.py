@@ -95,7 +95,7 @@ class SliceRows(Sequence[Slice]):
         start, end, look, head, last, flows = item
         if (
             len(flows) == 1 and head is last and (head is None if end is None else row >= 0 and head is not None)
-            and _INT64[0] < start and (end is None or _INT64[0] < end <= _INT64[1]) and start <= _INT64[1]
+            and _INT64[0] < start <= _INT64[1] and (end is None or _INT64[0] < end <= _INT64[1])
             and 0 <= flows[0] < 2**64 and len(self.own_looks) < OWN_LOOK
         ):  # fmt: skip
             self.own_looks.append(look)
