@@ -5,6 +5,7 @@ it leaves every file it cannot read so to that reader; and entries made from col
 from __future__ import annotations
 
 import pickle
+import sys
 from array import array
 from unittest import mock
 
@@ -202,6 +203,14 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
             assert entries.values(field, rows) == [getattr(expected[row], field) for row in rows], field
         with pytest.raises(IndexError):
             entries.values("time_completed_ns", [len(expected)])
+        # what a column holds, as it holds it (an index into STATES, NONE for None), a constant one's included
+        assert [columns.STATES[i] for i in entries.raw_at("state", rows) or ()] == [expected[r].state for r in rows]
+        for field in ("time_created_ns", "timeout_ms", "time_completed_ns", "collective_seq"):
+            raw = entries.raw_at(field, rows) or ()
+            assert [None if v == columns.NONE else v for v in raw] == [getattr(expected[r], field) for r in rows]
+        assert entries.raw_at("duration_ms", rows) is None and entries.raw_at("p2p_local", rows) is None
+        with pytest.raises(IndexError):
+            entries.raw_at("state", [len(expected)])
         none = columns.from_entries(0, [])  # a rank without entries: nothing asked, nothing given
         held = columns.EntryRows(0, columns.entry_sources(0, columns.column_bytes(none), none.tables))
         assert entries.values("time_completed_ns", []) == [] == held.values("record_id", [])
@@ -349,3 +358,62 @@ def test_the_matcher_reads_a_linked_rank_as_the_entries_linking_makes():
         assert kept == _kept_values(columns.column_bytes(made), made.tables)
         changed += kept != _kept_values(dump.entries.base.kept_columns(), dump.entries.base.tables)
     assert changed
+
+
+def _transfers(job: object) -> list[tuple[object, ...]]:
+    """Every field of each send's and recv's op that a rule or the trace reads; its entries as made."""
+    from fr2perfetto.match.ops import match_ops
+
+    return [
+        (op.op_key, op.group.name, op.seq, op.peers, op.status, op.mismatch, op.name, op.first_time_ns, op.in_batch,
+         tuple(op.states), op.missing, op.unknown, type(op.entries).__name__, list(op.entries.items()))
+        for op in match_ops(job)  # type: ignore[arg-type]
+        if op.kind == "p2p"
+    ]  # fmt: skip
+
+
+def _mismatched_transfers(out: str) -> str:
+    """Two ranks that send each other three tensors: the second recv is twice its send's size, the third
+    of another dtype. NCCL moves the bytes regardless; the sizes and dtypes the entries record differ."""
+    sys.path.insert(0, str(ROOT / "samples"))
+    import nccl_sim as sim
+
+    sends = [sim.p2p("send", "0", 1, 64), sim.p2p("send", "0", 1, 64), sim.p2p("send", "0", 1, 64)]
+    recvs = [sim.p2p("recv", "0", 0, 64), sim.p2p("recv", "0", 0, 128), sim.p2p("recv", "0", 0, 64, dtype="Float")]
+    job = sim.SimJob({"0": ("default_pg", (0, 1))}, {0: sends, 1: recvs})
+    sim.write_dumps(sim.dump_documents(job, sim.simulate(job), sim.DumpOptions()), out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "sample",
+    ["nccl/demo", "nccl/pipeline_1f1b", "nccl/pipeline_batched", "nccl/pipeline_stage_stopped",
+     "nccl/send_without_recv", "mismatched"],
+)  # fmt: skip
+def test_transfers_settled_from_columns_are_the_ops_their_entries_make(sample: str, tmp_path):
+    """A send and its recv that each completed, alike, are settled from their ranks' columns with no entry
+    made (``pairs.Settled``): the ops are those that pairing the entries makes, field for field, in a
+    pipeline's healthy, batched and stopped runs; a size or dtype that differs is no such op."""
+    from fr2perfetto.match import pairs
+    from fr2perfetto.read.job import load_job
+
+    folder = _mismatched_transfers(str(tmp_path)) if sample == "mismatched" else str(ROOT / "samples" / sample)
+    settled: list[int] = []
+    settle = pairs._settle
+
+    def counted(*args: object) -> pairs.Settled | None:
+        made = settle(*args)  # type: ignore[arg-type]
+        settled.extend(made.indices if made is not None else ())
+        return made
+
+    with mock.patch.object(pairs, "_settle", counted):
+        from_columns = _transfers(load_job([folder], jobs=1))
+    with mock.patch.object(pairs, "_settle", lambda *args: None):
+        from_entries = _transfers(load_job([folder], jobs=1))
+    assert from_columns == from_entries
+    statuses = [op[4] for op in from_columns]
+    if sample == "mismatched":
+        assert settled == [1] and [op[4:6] for op in from_columns] == [("ok", ""), ("mismatch", "size"),
+                                                                       ("mismatch", "dtype")]  # fmt: skip
+    else:  # those that are not are judged from their entries (a stopped stage's, a send never received)
+        assert len(settled) == statuses.count("ok") > 0

@@ -53,7 +53,7 @@ from ..read.columns import (
 from ..read.job import Job
 from .arguments import dtypes_that_agree, sizes_that_agree
 from .coalesce import link_coalesced
-from .pairs import CLOCK_MARGIN_NS, HeldRows, PairKey, PairOp, file_transfers, pair_ops
+from .pairs import CLOCK_MARGIN_NS, HeldRows, PairKey, PairOp, Settled, file_transfers, pair_ops
 
 # Backends that record when an op was enqueued, never when it completed.
 NO_COMPLETION_BACKENDS = ("gloo", "c10d")
@@ -138,6 +138,10 @@ def match_ops(job: Job) -> list[MatchedOp]:
     pair_ranks: dict[tuple[int, ...], array[int]] = {}  # what a pair's transfers share: their ranks
     pair_peers: dict[tuple[int, int], tuple[int, int]] = {}  # and their peers
     for pair in pair_ops(job, sides):
+        if isinstance(pair, Settled):
+            peers = pair_peers.setdefault(pair.peers, pair.peers)
+            ops += _settled_ops(pair, entries_of, pair_ranks, peers, completed(2))
+            continue
         held = _held_as_rows(pair, entries_of, pair_ranks)
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
         # recv's entries made from its rows again, for each look at them, cost more than the pairing
@@ -160,6 +164,34 @@ def match_ops(job: Job) -> list[MatchedOp]:
     for op, alike, pending, known in to_classify:
         op.name = known if known is not None else _op_name(op.entries, alike)
         classify(op, alike, pending)
+    return ops
+
+
+def _settled_ops(
+    settled: Settled,
+    entries_of: Mapping[int, Sequence[Entry]],
+    shared: dict[tuple[int, ...], array[int]],
+    peers: tuple[int, int],
+    states: tuple[str, ...],
+) -> list[MatchedOp]:
+    """The ops of a pair's transfers settled from columns: OK, as ``classify`` would say, held as rows (as
+    ``_held_as_rows`` holds them); ``states``: each rank's, completed."""
+    group, source, destination = settled.group, settled.source, settled.destination
+    send_first = source < destination  # the order of the ranks, as a dict of them iterates
+    key = (source, destination) if send_first else (destination, source)
+    ranks = shared.get(key) or shared.setdefault(key, array("i", key))
+    ops = []
+    transfers = zip(
+        settled.indices, settled.send_rows, settled.recv_rows, settled.first_times, settled.names, settled.in_batch,
+        strict=True,
+    )  # fmt: skip
+    for index, send, recv, first_time, name, in_batch in transfers:
+        rows = array("I", (send, recv) if send_first else (recv, send))
+        op = MatchedOp(
+            group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, ranks, rows), peers=peers,
+            first_time_ns=first_time, created_ns=(), states=states, name=name, in_batch=in_batch,
+        )  # fmt: skip
+        ops.append(op)
     return ops
 
 

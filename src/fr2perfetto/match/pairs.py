@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
+from typing import NamedTuple
 
 from ..base.model import COMPLETED, SCHEDULED, Entry, Group, RankDump, entries_at, state_entry
+from ..read.columns import STATES, EntryRows, LinkedRows, Tables
 from ..read.job import Job
 
 NEARBY = 2  # alignments tried on either side of the one the completion counts give
@@ -54,6 +56,42 @@ class PairOp:
     recv_at: tuple[int, int] | None = None  # the same for the recv
 
 
+@dataclass(slots=True)
+class Settled:
+    """Transfers of a pair that are settled from the ranks' columns, with no entry made: each send and recv
+    held by its own rank, both completed, with the same sizes and dtypes (what ``classify`` calls OK). A
+    pipeline job's transfers are millions, nearly all of them so. One item a transfer in each list."""
+
+    group: Group
+    source: int
+    destination: int
+    indices: list[int]  # as ``PairOp.index``
+    send_rows: list[int]  # the send's row in the source's dump
+    recv_rows: list[int]  # the recv's row in the destination's dump
+    first_times: list[int]  # when the first of its ends was enqueued
+    names: list[str]  # the op most of its ranks issued (``_scan_transfer``)
+    in_batch: list[bool]  # either end in a batch
+
+    @property
+    def peers(self) -> tuple[int, int]:
+        return self.source, self.destination
+
+
+class _Ends(NamedTuple):
+    """What a rank's columns say of one side of a pair (its sends, or its recvs), op by op in the order
+    issued: the index into ``STATES`` of its state (its state entry's, ``state_entry``), when it was
+    enqueued, the ids (into ``tables``) of its op, its input sizes and its input dtypes, and whether
+    another entry closes it (a batch's op)."""
+
+    tables: Tables
+    states: list[int]
+    created: list[int]
+    ops: list[int]
+    sizes: list[int]
+    dtypes: list[int]
+    closed: list[bool]
+
+
 def file_transfers(
     job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]], rank: int, rows: Sequence[int], entries: list[Entry]
 ) -> None:
@@ -77,9 +115,10 @@ def file_transfers(
         at.append(row)
 
 
-def pair_ops(job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]]) -> Iterator[PairOp]:
-    """Every transfer of the job, from each pair's sends and recvs (``file_transfers``). It empties
-    ``sides``: a pair's entries are made when it is lined up and let go once its transfers are yielded."""
+def pair_ops(job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]]) -> Iterator[PairOp | Settled]:
+    """Every transfer of the job, from each pair's sends and recvs (``file_transfers``): those settled from
+    columns (``Settled``, a pair's at once), then the rest each a ``PairOp``. It empties ``sides``: a pair's
+    entries are made when it is lined up, for the transfers not settled, and let go once they are yielded."""
     candidates = {
         key: _candidates(job, sends, recvs, job.dumps.get(key[1]), job.dumps.get(key[2]))
         for key, (sends, recvs) in sides.items()
@@ -93,10 +132,20 @@ def pair_ops(job: Job, sides: dict[PairKey, tuple[HeldRows, HeldRows]]) -> Itera
     shifts = _settle_batches(made, candidates)
     for group, src, dst in list(sides):
         send_rows, recv_rows = sides.pop((group, src, dst))
-        sends, recvs = made.pop((group, src, dst)) if made else (_made(job, send_rows), _made(job, recv_rows))
         src_dump, dst_dump = job.dumps.get(src), job.dumps.get(dst)
         bases = _bases(shifts[(group, src, dst)], _whole(src_dump), _whole(dst_dump))
-        yield from _line_up(group, src, dst, (sends, send_rows), (recvs, recv_rows), src_dump, dst_dump, bases)
+        settled = None if made else _settle(job, (group, src, dst), send_rows, recv_rows, bases)
+        if settled is not None:
+            yield settled
+        done = set(settled.indices) if settled is not None else set()
+        sends: Sequence[Entry | None]
+        recvs: Sequence[Entry | None]
+        if made:
+            sends, recvs = made.pop((group, src, dst))
+        else:  # the entries of the transfers left
+            sends = _made_but(job, send_rows, {index - bases[0] for index in done})
+            recvs = _made_but(job, recv_rows, {index - bases[1] for index in done})
+        yield from _line_up(group, src, dst, (sends, send_rows), (recvs, recv_rows), src_dump, dst_dump, bases, done)
 
 
 def _made(job: Job, held: HeldRows) -> list[Entry]:
@@ -105,6 +154,102 @@ def _made(job: Job, held: HeldRows) -> list[Entry]:
     for owner, run in groupby(zip(*held, strict=True), key=itemgetter(0)):
         entries += entries_at(job.dumps[owner].entries, [row for _, row in run])
     return entries
+
+
+def _made_but(job: Job, held: HeldRows, left_out: set[int]) -> Sequence[Entry | None]:
+    """``_made``, with None at the positions ``left_out``: no entry is made for them."""
+    if not left_out:
+        return _made(job, held)
+    owners, rows = held
+    kept = [position for position in range(len(rows)) if position not in left_out]
+    made = iter(_made(job, (array("i", [owners[p] for p in kept]), array("I", [rows[p] for p in kept]))))
+    return [None if position in left_out else next(made) for position in range(len(rows))]
+
+
+def _settle(job: Job, key: PairKey, send_rows: HeldRows, recv_rows: HeldRows, bases: tuple[int, int]) -> Settled | None:
+    """The transfers of a pair that its ranks' columns settle (``Settled``); None where they cannot tell
+    (entries made otherwise, ranks whose ids index other tables, a rank sending to itself)."""
+    group, src, dst = key
+    if src == dst:
+        return None
+    sends, recvs = _ends(job, src, send_rows), _ends(job, dst, recv_rows)
+    if sends is None or recvs is None or sends.tables is not recvs.tables:
+        return None
+    completed = STATES.index(COMPLETED)
+    ops, sizes, dtypes = (sends.tables[name] for name in ("ops", "sizes", "dtypes"))
+    settled = Settled(group, src, dst, [], [], [], [], [], [])
+    send_base, recv_base = bases
+    for index in range(max(send_base, recv_base), min(send_base + len(sends.states), recv_base + len(recvs.states))):
+        at, other = index - send_base, index - recv_base
+        size, dtype = sends.sizes[at], sends.dtypes[at]
+        # as ``classify`` compares them: the input sizes and dtypes (ids: one per value), where there are some
+        if not (
+            sends.states[at] == completed == recvs.states[other]
+            and size == recvs.sizes[other]
+            and dtype == recvs.dtypes[other]
+            and sizes[size]
+            and dtypes[dtype]
+        ):
+            continue
+        settled.indices.append(index)
+        settled.send_rows.append(send_rows[1][at])
+        settled.recv_rows.append(recv_rows[1][other])
+        settled.first_times.append(min(sends.created[at], recvs.created[other]))
+        settled.names.append(max(ops[sends.ops[at]][1], ops[recvs.ops[other]][1]))
+        settled.in_batch.append(sends.closed[at] or recvs.closed[other])
+    return settled if settled.indices else None
+
+
+def _ends(job: Job, rank: int, held: HeldRows) -> _Ends | None:
+    """``_Ends`` of a side of a pair from its rank's columns; None where some of its ops are held by another
+    rank's dump, or its entries are not made from columns that tell."""
+    owners, rows = held
+    dump = job.dumps.get(rank)
+    if dump is None or owners.count(rank) != len(owners):
+        return None
+    read = _read_from_columns(dump.entries, rows)
+    if read is None:
+        return None
+    entries, tables, state_rows = read
+    fields = (("state", state_rows), ("time_created_ns", rows), ("op", rows), ("input_sizes", rows))
+    columns: list[list[int]] = []
+    for field, at in (*fields, ("input_dtypes", rows)):
+        values = entries.raw_at(field, at)
+        if values is None:
+            return None
+        columns.append(values)
+    states, created, ops, sizes, dtypes = columns
+    return _Ends(tables, states, created, ops, sizes, dtypes, [a != b for a, b in zip(state_rows, rows, strict=True)])
+
+
+def _read_from_columns(
+    entries: Sequence[Entry], rows: Sequence[int]
+) -> tuple[EntryRows | LinkedRows, Tables, list[int]] | None:
+    """Where a rank's entries at ``rows`` can be read from its columns (``raw_at``): those entries, the tables
+    their ids index and the row of each one's state entry; None where they cannot."""
+    if isinstance(entries, LinkedRows):
+        tables, state_rows = entries.base.tables, entries.state_rows(rows)
+    elif isinstance(entries, EntryRows):
+        tables, state_rows = entries.tables, list(rows)
+    else:
+        return None
+    return None if tables is None or state_rows is None else (entries, tables, state_rows)
+
+
+def _states(job: Job, held: HeldRows) -> list[str]:
+    """The state of each op of one side of a pair (its state entry's): read from its rank's columns where
+    they tell it, else from its entries."""
+    states: list[str] = []
+    for owner, run in groupby(zip(*held, strict=True), key=itemgetter(0)):
+        rows = [row for _, row in run]
+        entries = job.dumps[owner].entries
+        read = _read_from_columns(entries, rows)
+        indices = read[0].raw_at("state", read[2]) if read is not None else None
+        if indices is None:
+            states += [state_entry([entry]).state for entry in entries_at(entries, rows)]
+        else:
+            states += map(STATES.__getitem__, indices)
+    return states
 
 
 def _whole(dump: RankDump | None) -> bool:
@@ -117,7 +262,7 @@ def _candidates(
     """The alignments worth considering for a pair (recv j meets send j + shift), the likeliest first."""
     if (_whole(src_dump) and _whole(dst_dump)) or not sends[1] or not recvs[1]:
         return [0]
-    return _shifts(_made(job, sends), _made(job, recvs))
+    return _shifts(_states(job, sends), _states(job, recvs))
 
 
 def _settle_batches(
@@ -190,27 +335,30 @@ def _line_up(
     group: Group,
     src: int,
     dst: int,
-    send_side: tuple[list[Entry], HeldRows],
-    recv_side: tuple[list[Entry], HeldRows],
+    send_side: tuple[Sequence[Entry | None], HeldRows],
+    recv_side: tuple[Sequence[Entry | None], HeldRows],
     src_dump: RankDump | None,
     dst_dump: RankDump | None,
     bases: tuple[int, int],
+    settled: set[int],
 ) -> Iterator[PairOp]:
-    """A pair's transfers: its sends and recvs (each side's entries and where they are held) lined up."""
+    """A pair's transfers but those ``settled`` (their indices): its sends and recvs (each side's entries,
+    None where settled, and where they are held) lined up."""
     (sends, (send_owners, send_rows)), (recvs, (recv_owners, recv_rows)) = send_side, recv_side
     send_base, recv_base = bases
     first = min(send_base if sends else recv_base, recv_base if recvs else send_base)
     last = max(send_base + len(sends), recv_base + len(recvs))
     for index in range(first, last):
+        if index in settled:
+            continue
         entries: dict[int, list[Entry]] = {}
-        send = recv = None
         op = PairOp(group, src, dst, index, entries, (), ())
-        if 0 <= index - send_base < len(sends):
-            send = sends[index - send_base]
+        send = sends[index - send_base] if 0 <= index - send_base < len(sends) else None
+        if send is not None:
             entries[src] = [send]
             op.send_at = (send_owners[index - send_base], send_rows[index - send_base])
-        if 0 <= index - recv_base < len(recvs):
-            recv = recvs[index - recv_base]
+        recv = recvs[index - recv_base] if 0 <= index - recv_base < len(recvs) else None
+        if recv is not None:
             entries.setdefault(dst, []).append(recv)
             op.recv_at = (recv_owners[index - recv_base], recv_rows[index - recv_base])
         present = send or recv
@@ -228,7 +376,7 @@ def _line_up(
         yield op
 
 
-def _never_posted(index: int, held: list[Entry], base: int, dump: RankDump | None, present: Entry) -> bool:
+def _never_posted(index: int, held: Sequence[Entry | None], base: int, dump: RankDump | None, present: Entry) -> bool:
     """Whether the side that holds no op at ``index`` never posted it (rather than lost it)."""
     if dump is None:
         return False  # no dump: unknown
@@ -255,7 +403,7 @@ def _bases(shift: int, send_whole: bool, recv_whole: bool) -> tuple[int, int]:
     return (1, 1 + shift) if shift >= 0 else (1 - shift, 1)
 
 
-def _shifts(sends: list[Entry], recvs: list[Entry]) -> list[int]:
+def _shifts(sends: list[str], recvs: list[str]) -> list[int]:
     """The alignments that give every completed op an other end that began, nearest to the one the
     completion counts give first (that one alone where none is consistent)."""
     send_side, recv_side = _Side(sends), _Side(recvs)
@@ -279,9 +427,9 @@ class _Side:
     ops and its scheduled ones stand. A pipeline's pairs hold hundreds of thousands of ops, each
     alignment tried on all of them."""
 
-    def __init__(self, side: list[Entry]) -> None:
-        states = [state_entry([entry]).state for entry in side]
-        self.length = len(side)
+    def __init__(self, states: list[str]) -> None:
+        """``states``: each op's (its state entry's), in the order issued."""
+        self.length = len(states)
         self.completed = {position for position, state in enumerate(states) if state == COMPLETED}
         self.last_completed = max(self.completed, default=None)
         self.scheduled = [position for position, state in enumerate(states) if state == SCHEDULED]

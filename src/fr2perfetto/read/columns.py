@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from ..base.model import COMPLETED, SCHEDULED, STARTED, Entry, RankColumns, RankDump
 from ..base.speedups import SPEEDUPS as _speedups
@@ -396,6 +396,23 @@ class EntryRows(_MadeFromRows):
         """The entries at ``rows``, in their order."""
         return make_entries(Entry, self._count, self._sources, array("I", rows).tobytes())
 
+    def raw_at(self, field: str, rows: Sequence[int]) -> list[int] | None:
+        """What the column of one of ``Entry``'s fields holds at ``rows``, as it holds it (a table's id, an index
+        into ``STATES``, ``NONE`` for None), with no entry made; None where the field is not read from an
+        integer column. Ids index ``tables``."""
+        index = Entry._fields.index(field)
+        if field == "duration_ms":  # the one float column
+            return None
+        if rows and max(rows) >= self._count:
+            raise IndexError("entry index out of range")
+        constant = self._constant.get(index)
+        if constant is not None:
+            return memoryview(constant).cast(_INTS[len(constant)]).tolist() * len(rows)
+        kind, data, _ = self._sources[index]
+        if kind not in _WIDTHS or type(data) is not bytes:
+            return None
+        return list(map(memoryview(data).cast(_INTS[_WIDTHS[kind]]).__getitem__, rows))
+
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column where it
         is an integer one (or one value), with no entry made."""
@@ -517,6 +534,11 @@ class LinkedRows(_MadeFromRows):
             return None if "closed_by" in self._linked else list(rows)
         return [row if closing[row] < 0 else closing[row] for row in rows]
 
+    def raw_at(self, field: str, rows: Sequence[int]) -> list[int] | None:
+        """``EntryRows.raw_at`` of a field linking left as read; None for one it changed. A state read so is the
+        entry's own: ``state_rows`` says which entry carries it."""
+        return None if field in self._linked or field == "closed_by" else self.base.raw_at(field, rows)
+
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
         """One of ``Entry``'s fields at ``rows``, as the entries there hold it (``EntryRows.values``)."""
         if field == "closed_by" and self._closing is not None:
@@ -572,6 +594,7 @@ def _closing_rows(linked: Sequence[Entry], closed_by: list[Entry | None]) -> arr
 
 
 _WIDTHS = {"q": 8, "Q": 8, "d": 8, "I": 4, "B": 1, "0": 4, "1": 4}  # bytes per row of a source's column
+_INTS: dict[int, Literal["q", "I", "B"]] = {8: "q", 4: "I", 1: "B"}  # an integer column's format, by its width
 
 
 def _constants(count: int, sources: list[Source]) -> tuple[list[Source], dict[int, bytes]]:
