@@ -373,9 +373,10 @@ def _transfers(job: object) -> list[tuple[object, ...]]:
 
 
 def _mismatched_transfers(out: str) -> str:
-    """Two ranks that send each other three tensors: the second recv is twice its send's size, the third
-    of another dtype. NCCL moves the bytes regardless; the sizes and dtypes the entries record differ."""
-    sys.path.insert(0, str(ROOT / "samples"))
+    """Rank 0 sends rank 1 three tensors: the second recv is twice its send's size, the third of another
+    dtype. NCCL moves the bytes regardless; the sizes and dtypes the entries record differ."""
+    if str(ROOT / "samples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "samples"))
     import nccl_sim as sim
 
     sends = [sim.p2p("send", "0", 1, 64), sim.p2p("send", "0", 1, 64), sim.p2p("send", "0", 1, 64)]
