@@ -215,9 +215,10 @@ def _ends(job: Job, rank: int, held: HeldRows) -> _Ends | None:
     if read is None:
         return None
     entries, tables, state_rows = read
-    fields = (("state", state_rows), ("time_created_ns", rows), ("op", rows), ("input_sizes", rows))
     columns: list[list[int]] = []
-    for field, at in (*fields, ("input_dtypes", rows)):
+    for field, at in (
+        ("state", state_rows), ("time_created_ns", rows), ("op", rows), ("input_sizes", rows), ("input_dtypes", rows)
+    ):  # fmt: skip
         values = entries.raw_at(field, at)
         if values is None:
             return None

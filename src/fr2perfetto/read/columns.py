@@ -419,12 +419,11 @@ class EntryRows(_MadeFromRows):
         kind, data, extra = self._sources[Entry._fields.index(field)]
         if kind not in ("q", "Q", "c") or (kind != "c" and type(data) is not bytes):
             return [getattr(entry, field) for entry in self.rows(rows)]
-        if rows and max(rows) >= self._count:
-            raise IndexError("entry index out of range")
         if kind == "c":
+            if rows and max(rows) >= self._count:
+                raise IndexError("entry index out of range")
             return [extra] * len(rows)
-        column = memoryview(data).cast("q")
-        values = [column[row] for row in rows]
+        values = self.raw_at(field, rows) or []  # an int64 column: what it holds is the value, NONE for None
         return values if kind == "q" else [None if value == NONE else value for value in values]
 
     def distinct(self, field: str) -> set[Any]:
