@@ -314,6 +314,39 @@ def test_linked_ranks_keep_their_columns_and_give_the_entries_linking_makes(samp
     assert [list(dump.entries) for dump in linked.dumps.values()] == again
 
 
+def test_a_coalesced_group_the_buffer_cut_is_set_aside_alike_from_columns(tmp_path):
+    """A coalesced group that holds the buffer's first entry (the ring buffer may have dropped its first ops)
+    is set aside, its ops and closing entry p2p and closed by nothing, alike where a rank's entries are
+    linked from its columns and where they are held as a list."""
+    from fr2perfetto.match.coalesce import link_coalesced
+    from fr2perfetto.read.job import load_job
+
+    cut = []  # the ranks whose buffer now starts with a coalesced group of collectives
+    for path in sorted((ROOT / "samples" / "nccl" / "demo").iterdir()):
+        with open(path, "rb") as file:
+            dump = pickle.load(file)
+        entries = dump["entries"]
+        closings = [row for row, entry in enumerate(entries) if entry["profiling_name"] == "nccl:coalesced"]
+        first = closings[0] if closings else 0
+        while first and entries[first - 1]["state"] == "scheduled":
+            first -= 1  # its ops: recorded just before it, without events (scheduled for ever)
+        if closings and not entries[first]["is_p2p"]:
+            cut.append(int(path.name.rsplit("_", 1)[1]))
+        (tmp_path / path.name).write_bytes(pickle.dumps({**dump, "entries": entries[first:]}, protocol=2))
+    linked, held = load_job([str(tmp_path)]), load_job([str(tmp_path)])
+    for dump in held.dumps.values():
+        dump.entries = list(dump.entries)
+    link_coalesced(linked)
+    link_coalesced(held)
+    assert len(cut) >= 3
+    for rank, dump in linked.dumps.items():
+        assert list(dump.entries) == held.dumps[rank].entries
+        if rank in cut:
+            assert isinstance(dump.entries, columns.LinkedRows)
+            group = list(dump.entries)[: 1 + next(row for row, e in enumerate(dump.entries) if e.op == "coalesced")]
+            assert len(group) > 1 and all(e.is_p2p and e.p2p_local is None and e.closed_by is None for e in group)
+
+
 def _entries_held(held: object) -> int:
     """How many ``Entry`` objects ``held`` reaches (what it keeps alive)."""
     import gc

@@ -24,28 +24,50 @@ empty sizes that carries the group's state and times. What the closing entry say
 from __future__ import annotations
 
 import statistics
+from array import array
 from collections import defaultdict
-from collections.abc import Callable
-from operator import attrgetter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..base.model import Entry, LoadProblem, RankDump, closes_coalesced_group, distinct_values, ranks_label
 from ..read.columns import EntryRows, LinkedRows
 from ..read.job import Job
 
-_op_of = attrgetter("op")
-# The fields of an entry that linking changes (``_link_rank``, ``set_aside``, ``_renumber_collectives``)
+# The fields of an entry that linking changes (``_link_rank``, ``_renumber_collectives``)
 LINKED_FIELDS = ("closed_by", "is_p2p", "p2p_local", "collective_seq")
 
 
-def set_aside(entry: Entry) -> Entry:
-    """An entry the matcher files nowhere: p2p (never a collective) without peers (never a pair)."""
-    return entry._replace(is_p2p=True, p2p_local=None)
+@dataclass(slots=True)
+class _Fields:
+    """What linking reads of a rank's entries, a list a field in row order (from its columns where its
+    entries are made from them: a pipeline that batches links every rank's thousands, too many to make)."""
+
+    group: list[str]
+    ends: list[bool]  # closes a coalesced group
+    is_p2p: list[bool]
+    has_peers: list[bool]  # a send's or recv's (``p2p_local``)
+    p2p_seq: list[int]
+    collective_seq: list[int]
+
+
+@dataclass(slots=True)
+class _Links:
+    """What linking changes of a rank's entries: each row's closing entry (its row; -1: none), ``is_p2p``
+    (a batch's closing entry made p2p), the rows set aside (p2p without peers: filed nowhere) and, per
+    group, the collective seqs its batches consumed."""
+
+    closing: list[int]
+    is_p2p: list[bool]
+    aside: set[int]
+    consumed: dict[str, list[int]]
 
 
 def link_coalesced(job: Job) -> None:
     """Point every op inside a coalesced group at its closing entry (``Entry.closed_by``), mark the
-    closing entries of p2p batches p2p, set aside groups the ring buffer cut, and renumber the
-    collectives of ranks whose batches consumed collective seqs (each noted in ``job.problems``)."""
+    closing entries of p2p batches p2p, set aside groups the ring buffer cut (p2p, without peers: filed
+    nowhere), and renumber the collectives of ranks whose batches consumed collective seqs (each noted in
+    ``job.problems``)."""
     ends: dict[str, bool] = {}  # op name -> whether it closes a coalesced group
     for dump in job.dumps.values():
         ops = _op_names(dump)
@@ -54,14 +76,18 @@ def link_coalesced(job: Job) -> None:
         if not any(ends[op] for op in ops):
             continue  # most ranks never coalesce: nothing to link
         read = dump.entries
+        fields = _fields(read, ends)
+        links = _link_rank(fields, dump.may_have_wrapped)
+        if type(read) is EntryRows and not links.consumed:  # from its columns: no entry made
+            dump.entries = LinkedRows(read, *_changed(read, fields, links))
+            continue
         made = list(read)
-        dump.entries = made
-        burnt = _link_rank(dump, ends)
-        if burnt:
-            _renumber_collectives(job, dump, burnt)
+        dump.entries = _linked(made, links)
+        if links.consumed:
+            _renumber_collectives(job, dump, links.consumed)
         if isinstance(read, (EntryRows, LinkedRows)):  # made from columns: so they stay, but for the links
             base = read.base if isinstance(read, LinkedRows) else read
-            dump.entries = LinkedRows(
+            dump.entries = LinkedRows.from_entries(
                 base, made if type(read) is EntryRows else list(base), dump.entries, LINKED_FIELDS
             )
     renumbered: dict[str, list[int]] = {}  # group -> ranks whose collective seqs on it were renumbered
@@ -85,54 +111,69 @@ def _op_names(dump: RankDump) -> set[str]:
     return distinct_values(dump.entries, "op")
 
 
-def _link_rank(dump: RankDump, ends: dict[str, bool]) -> dict[str, list[int]]:
-    """Link one rank's coalesced groups; return, per group, the collective seqs its batches consumed.
-    Its entries are held from here on (a list): some are replaced."""
-    entries = list(dump.entries)
-    dump.entries = entries
-    open_runs: dict[tuple[str, bool, int], list[int]] = {}  # (group, p2p, seq) -> positions of its ops
-    last_in_group: dict[str, int] = {}  # group -> position of its latest entry
+def _fields(entries: Sequence[Entry], ends: dict[str, bool]) -> _Fields:
+    """``_Fields`` of a rank's entries, read from its columns where they are made from them."""
+    rows = range(len(entries))
+    if isinstance(entries, (EntryRows, LinkedRows)):
+        values = entries.values
+    else:
+
+        def values(field: str, rows: Sequence[int]) -> list[Any]:
+            return [getattr(entries[row], field) for row in rows]
+
+    return _Fields(
+        values("group_name", rows), [ends[op] for op in values("op", rows)], values("is_p2p", rows),
+        [peers is not None for peers in values("p2p_local", rows)], values("p2p_seq", rows),
+        values("collective_seq", rows),
+    )  # fmt: skip
+
+
+def _link_rank(fields: _Fields, cut: bool) -> _Links:
+    """Link one rank's coalesced groups (``cut``: its ring buffer may have dropped its first ops)."""
+    count = len(fields.group)
+    links = _Links([-1] * count, list(fields.is_p2p), set(), {})
+    is_p2p = links.is_p2p  # as linked so far: only rows up to the one at hand change
+    open_runs: dict[tuple[str, bool, int], list[int]] = {}  # (group, p2p, seq) -> rows of its ops
+    last_in_group: dict[str, int] = {}  # group -> row of its latest entry
     last_collective: dict[str, int] = {}  # group -> seq of its latest collective
-    # group -> its batches' closing entries, each with whether a collective of the group came before it
-    batches: dict[str, list[tuple[Entry, bool]]] = defaultdict(list)
-    cut = dump.may_have_wrapped
-    for position, entry in enumerate(entries):
-        group = entry.group_name
+    # group -> its batches' closing rows, each with whether a collective of the group came before it
+    batches: dict[str, list[tuple[int, bool]]] = defaultdict(list)
+    for row in range(count):
+        group = fields.group[row]
         previous = last_in_group.get(group)
-        last_in_group[group] = position
-        if not ends[entry.op]:
-            seq = entry.p2p_seq if entry.is_p2p else entry.collective_seq
-            key = (group, entry.is_p2p, seq)
+        last_in_group[group] = row
+        if not fields.ends[row]:
+            p2p = is_p2p[row]
+            key = (group, p2p, fields.p2p_seq[row] if p2p else fields.collective_seq[row])
             run = open_runs.get(key)
             if run is not None and run[-1] == previous:
-                run.append(position)
+                run.append(row)
             else:
-                open_runs[key] = [position]
-            if not entry.is_p2p:
-                last_collective[group] = entry.collective_seq
+                open_runs[key] = [row]
+            if not p2p:
+                last_collective[group] = fields.collective_seq[row]
             continue
         # A closing entry ends the run of its group just before it: a batch's (by p2p seq) or a
         # coalesced collective group's (by collective seq).
-        closing = entry
-        run = _pop_run(open_runs, (group, True, entry.p2p_seq), previous)
+        run = _pop_run(open_runs, (group, True, fields.p2p_seq[row]), previous)
         if run is not None:
-            closing = entry if entry.is_p2p else entry._replace(is_p2p=True)
-            batches[group].append((entry, group in last_collective))
+            batches[group].append((row, group in last_collective))
+            is_p2p[row] = True
         else:
-            run = _pop_run(open_runs, (group, entry.is_p2p, entry.collective_seq), previous) or []
-        if cut and not closing.is_p2p and (run[0] if run else position) == 0:
+            run = _pop_run(open_runs, (group, is_p2p[row], fields.collective_seq[row]), previous) or []
+        if cut and not is_p2p[row] and (run[0] if run else row) == 0:
             # the buffer's first entry: the coalesced collectives may have lost their first ops (a batch's
             # sends and recvs are matched one by one, whatever was lost before them)
-            for inner in run:
-                entries[inner] = set_aside(entries[inner])
-            entries[position] = set_aside(entry)
+            for inner in (*run, row):
+                is_p2p[inner] = True
+                links.aside.add(inner)
             continue
-        entries[position] = closing
         for inner in run:
-            entries[inner] = entries[inner]._replace(closed_by=closing)
-        if not closing.is_p2p:
-            last_collective[group] = closing.collective_seq
-    return _consumed_seqs(batches, entries, ends)
+            links.closing[inner] = row
+        if not is_p2p[row]:
+            last_collective[group] = fields.collective_seq[row]
+    links.consumed = _consumed_seqs(batches, fields, links)
+    return links
 
 
 def _pop_run(
@@ -146,36 +187,59 @@ def _pop_run(
     return run
 
 
-def _consumed_seqs(
-    batches: dict[str, list[tuple[Entry, bool]]], entries: list[Entry], ends: dict[str, bool]
-) -> dict[str, list[int]]:
+def _consumed_seqs(batches: dict[str, list[tuple[int, bool]]], fields: _Fields, links: _Links) -> dict[str, list[int]]:
     """Per group, the collective seqs this rank's batches consumed (older PyTorch); nothing for a group
     whose batches carry its current seq (PyTorch 2.13), or where nothing tells.
 
     A batch consumed a seq when its closing entry carries one that no collective before it used, or
     when two batches with no collective between them carry different ones."""
     consumed: dict[str, list[int]] = {}
+    seqs, is_p2p = fields.collective_seq, links.is_p2p
     for group, closings in batches.items():
-        used = {e.collective_seq for e in entries if e.group_name == group and not e.is_p2p and not ends[e.op]}
-        fresh = [closing.collective_seq not in used for closing, _ in closings]
+        mine = [row for row in range(len(seqs)) if fields.group[row] == group]
+        used = {seqs[row] for row in mine if not is_p2p[row] and not fields.ends[row]}
+        fresh = [seqs[closing] not in used for closing, _ in closings]
         shown = any(is_fresh and prior for is_fresh, (_, prior) in zip(fresh, closings, strict=True))
         if not shown:
             previous: int | None = None
-            for position in range(len(entries)):
-                entry = entries[position]
-                if entry.group_name != group:
-                    continue
-                if not entry.is_p2p and not ends[entry.op]:
+            for row in mine:
+                if not is_p2p[row] and not fields.ends[row]:
                     previous = None  # a collective between two batches
-                elif ends[entry.op] and entry.is_p2p and entry.p2p_local is None:
-                    if previous is not None and previous != entry.collective_seq:
+                elif fields.ends[row] and is_p2p[row] and not (fields.has_peers[row] and row not in links.aside):
+                    if previous is not None and previous != seqs[row]:
                         shown = True
                         break
-                    previous = entry.collective_seq
+                    previous = seqs[row]
         if shown:
-            consumed[group] = sorted(c.collective_seq for (c, _), is_fresh in zip(closings, fresh, strict=True)
-                                     if is_fresh)  # fmt: skip
+            consumed[group] = sorted(seqs[c] for (c, _), is_fresh in zip(closings, fresh, strict=True) if is_fresh)
     return consumed
+
+
+def _linked(made: list[Entry], links: _Links) -> list[Entry]:
+    """A rank's entries (``made``) as linking changes them (``links``)."""
+    linked = list(made)
+    for row, entry in enumerate(made):
+        if row in links.aside:
+            linked[row] = entry._replace(is_p2p=True, p2p_local=None)
+        elif links.is_p2p[row] != entry.is_p2p:
+            linked[row] = entry._replace(is_p2p=links.is_p2p[row])
+    for row, closing in enumerate(links.closing):
+        if closing >= 0:
+            linked[row] = linked[row]._replace(closed_by=linked[closing])
+    return linked
+
+
+def _changed(read: EntryRows, fields: _Fields, links: _Links) -> tuple[array[int] | None, dict[str, list[Any]]]:
+    """What ``LinkedRows`` holds of a rank's links: the row of each row's closing entry (None where none
+    has one) and the values of each other field that linking changed."""
+    changed: dict[str, list[Any]] = {}
+    if links.is_p2p != fields.is_p2p:
+        changed["is_p2p"] = links.is_p2p
+    if any(fields.has_peers[row] for row in links.aside):
+        peers = read.values("p2p_local", range(len(read)))
+        changed["p2p_local"] = [None if row in links.aside else value for row, value in enumerate(peers)]
+    closing = array("i", links.closing) if any(row >= 0 for row in links.closing) else None
+    return closing, changed
 
 
 def _renumber_collectives(job: Job, dump: RankDump, consumed: dict[str, list[int]]) -> None:

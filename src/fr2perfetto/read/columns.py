@@ -274,28 +274,32 @@ def entries_in_python(
     wanted: Sequence[int] = range(count) if rows is None else array("I", rows)
     if any(row >= count for row in wanted):
         raise IndexError("entries_from_columns: a row beyond the columns")
-    fields: list[Any] = []
-    for kind, data, extra in sources:
-        if kind == "v":
-            fields.append([data[row] for row in wanted])
-        elif kind == "c":
-            fields.append(repeat(extra, len(wanted)))
-        elif kind in ("I", "B"):
-            ids = array(kind, data)
-            fields.append([extra[ids[row]] for row in wanted])
-        elif kind in ("0", "1"):
-            ids = array("I", data)
-            fields.append([extra[ids[row]][int(kind)] for row in wanted])
-        else:
-            column: Any = array("d" if kind == "d" else "q", data)
-            values = [column[row] for row in wanted]
-            if kind == "d":
-                fields.append([None if value != value else value for value in values])
-                continue
-            if extra is not None:
-                values = list(map(extra.setdefault, values, values))
-            fields.append(values if kind == "q" else [None if value == NONE else value for value in values])
+    fields = [source_values(source, wanted) for source in sources]
     return list(map(tuple.__new__, repeat(entry_type), zip(*fields, strict=True)))
+
+
+def source_values(source: Source, wanted: Sequence[int]) -> Sequence[Any]:
+    """The values of one field at rows ``wanted`` (each below the source's count), as the entries made there
+    hold them."""
+    kind, data, extra = source
+    if kind == "v":
+        return [data[row] for row in wanted]
+    if kind == "c":
+        return [extra] * len(wanted)
+    column: Any = array({"0": "I", "1": "I", "q": "q", "Q": "q"}.get(kind, kind), data)
+    # every row (linking reads a rank's every op) without a lookup of each row
+    picked = column if wanted == range(len(column)) else map(column.__getitem__, wanted)
+    if kind in ("I", "B"):
+        return list(map(extra.__getitem__, picked))
+    if kind in ("0", "1"):
+        part = int(kind)
+        return [extra[id_][part] for id_ in picked]
+    values = list(picked)
+    if kind == "d":
+        return [None if value != value else value for value in values]
+    if extra is not None:
+        values = list(map(extra.setdefault, values, values))
+    return values if kind == "q" else [None if value == NONE else value for value in values]
 
 
 def make_entries(entry_type: type[Entry], count: int, sources: list[Source], rows: bytes | None = None) -> list[Entry]:
@@ -414,17 +418,11 @@ class EntryRows(_MadeFromRows):
         return list(map(memoryview(data).cast(_INTS[_WIDTHS[kind]]).__getitem__, rows))
 
     def values(self, field: str, rows: Sequence[int]) -> list[Any]:
-        """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column where it
-        is an integer one (or one value), with no entry made."""
-        kind, data, extra = self._sources[Entry._fields.index(field)]
-        if kind not in ("q", "Q", "c") or (kind != "c" and type(data) is not bytes):
-            return [getattr(entry, field) for entry in self.rows(rows)]
-        if kind == "c":
-            if rows and max(rows) >= self._count:
-                raise IndexError("entry index out of range")
-            return [extra] * len(rows)
-        values = self.raw_at(field, rows) or []  # an int64 column: what it holds is the value, NONE for None
-        return values if kind == "q" else [None if value == NONE else value for value in values]
+        """One of ``Entry``'s fields at ``rows``, as the entries there hold it: read from its column, with no
+        entry made."""
+        if rows and max(rows) >= self._count:
+            raise IndexError("entry index out of range")
+        return list(source_values(self._sources[Entry._fields.index(field)], rows))
 
     def distinct(self, field: str) -> set[Any]:
         """The values that one of ``Entry``'s fields takes, from its column where it can (a table's ids, an
@@ -485,26 +483,38 @@ class LinkedRows(_MadeFromRows):
 
     __slots__ = ("_closing", "_linked", "_rows", "base")
 
-    def __init__(self, base: EntryRows, made: list[Entry], linked: Sequence[Entry], fields: Sequence[str]) -> None:
-        """``made``: ``base``'s entries as it makes them; ``linked``: the same once linked."""
+    def __init__(self, base: EntryRows, closing: array[int] | None, linked: dict[str, list[Any]]) -> None:
+        """``closing``: the row of each row's closing entry (-1: none), None where no row has one or they are
+        held as values; ``linked``: the values of each other field that linking changed, one a row."""
+        self.base = base  # the rows as read, which a later linking starts from again
+        self._closing = closing
+        self._linked = linked  # field -> its values, where linking changed some
+        sources = list(base._sources)
+        for field, values in linked.items():
+            sources[Entry._fields.index(field)] = ("v", values, None)
+        self._rows = EntryRows(len(base), sources)
+
+    @classmethod
+    def from_entries(
+        cls, base: EntryRows, made: list[Entry], linked: Sequence[Entry], fields: Sequence[str]
+    ) -> LinkedRows:
+        """``made``: ``base``'s entries as it makes them; ``linked``: the same once linked, whose ``fields``
+        linking may have changed."""
         if not len(made) == len(linked) == len(base):
             raise ValueError("linked entries: as many as the rows they are made from")
-        self.base = base  # the rows as read, which a later linking starts from again
-        sources = list(base._sources)
-        self._linked: dict[str, list[Any]] = {}  # field -> its values, where linking changed some
-        self._closing: array[int] | None = None  # row -> the row of its closing entry (-1: none), where held so
+        closing: array[int] | None = None
+        changed: dict[str, list[Any]] = {}
         for field in fields:
             index = Entry._fields.index(field)
             values: list[Any] = [entry[index] for entry in linked]
             if values == [entry[index] for entry in made]:
                 continue
             if field == "closed_by":
-                self._closing = _closing_rows(linked, values)
-                if self._closing is not None:
+                closing = _closing_rows(linked, values)
+                if closing is not None:
                     continue  # made with the entries that point at them (``rows``)
-            sources[index] = ("v", values, None)
-            self._linked[field] = values
-        self._rows = EntryRows(len(base), sources)
+            changed[field] = values
+        return cls(base, closing, changed)
 
     def kept_columns(self) -> dict[str, bytes] | None:
         """``EntryRows.kept_columns`` of these entries: the base's, with the columns of the fields linking
