@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from operator import lt
 from typing import Any
@@ -40,6 +40,7 @@ from ..base.model import (
 from ..base.speedups import SPEEDUPS as _speedups
 from ..read.columns import (
     KEPT_COLUMNS,
+    NONE,
     STATES,
     EntryRows,
     JobTables,
@@ -140,7 +141,7 @@ def match_ops(job: Job) -> list[MatchedOp]:
     for pair in pair_ops(job, sides):
         if isinstance(pair, Settled):
             peers = pair_peers.setdefault(pair.peers, pair.peers)
-            ops += _settled_ops(pair, entries_of, pair_ranks, peers, completed(2))
+            ops += _settled_ops(pair, entries_of, pair_ranks, peers, completed)
             continue
         held = _held_as_rows(pair, entries_of, pair_ranks)
         # named and classified from the entries pairing made, in the order the op holds its ranks: a send's or
@@ -172,25 +173,37 @@ def _settled_ops(
     entries_of: Mapping[int, Sequence[Entry]],
     shared: dict[tuple[int, ...], array[int]],
     peers: tuple[int, int],
-    states: tuple[str, ...],
+    completed: Callable[[int], tuple[str, ...]],
 ) -> list[MatchedOp]:
     """The ops of a pair's transfers settled from columns: OK, as ``classify`` would say, held as rows (as
-    ``_held_as_rows`` holds them); ``states``: each rank's, completed."""
+    ``_held_as_rows`` holds them); ``completed``: the states of an op of so many ranks that each completed."""
     group, source, destination = settled.group, settled.source, settled.destination
     send_first = source < destination  # the order of the ranks, as a dict of them iterates
     key = (source, destination) if send_first else (destination, source)
     ranks = shared.get(key) or shared.setdefault(key, array("i", key))
+    # one end held: its rank, and the other unknown
+    alone = {rank: (shared.get((rank,)) or shared.setdefault((rank,), array("i", (rank,))), (other,))
+             for rank, other in ((source, destination), (destination, source))}  # fmt: skip
     ops = []
     transfers = zip(
         settled.indices, settled.send_rows, settled.recv_rows, settled.first_times, settled.names, settled.in_batch,
         strict=True,
     )  # fmt: skip
     for index, send, recv, first_time, name, in_batch in transfers:
-        rows = array("I", (send, recv) if send_first else (recv, send))
-        op = MatchedOp(
-            group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, ranks, rows), peers=peers,
-            first_time_ns=first_time, created_ns=(), states=states, name=name, in_batch=in_batch,
-        )  # fmt: skip
+        if send != NONE and recv != NONE:
+            rows = array("I", (send, recv) if send_first else (recv, send))
+            op = MatchedOp(
+                group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, ranks, rows), peers=peers,
+                first_time_ns=first_time, created_ns=(), states=completed(2), name=name, in_batch=in_batch,
+            )  # fmt: skip
+        else:
+            one, unknown = alone[source if send != NONE else destination]
+            rows = array("I", (send if send != NONE else recv,))
+            op = MatchedOp(
+                group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, one, rows), peers=peers,
+                unknown=unknown, first_time_ns=first_time, created_ns=(), states=completed(1), name=name,
+                in_batch=in_batch,
+            )  # fmt: skip
         ops.append(op)
     return ops
 

@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from ..base.model import COMPLETED, SCHEDULED, Entry, Group, RankDump, entries_at, state_entry
-from ..read.columns import STATES, EntryRows, LinkedRows, Tables
+from ..read.columns import NONE, STATES, EntryRows, LinkedRows, Tables
 from ..read.job import Job
 
 NEARBY = 2  # alignments tried on either side of the one the completion counts give
@@ -63,15 +63,16 @@ class PairOp:
 @dataclass(slots=True)
 class Settled:
     """Transfers of a pair that are settled from the ranks' columns, with no entry made: each send and recv
-    held by its own rank, both completed, with the same sizes and dtypes (what ``classify`` calls OK). A
-    pipeline job's transfers are millions, nearly all of them so. One item a transfer in each list."""
+    held by its own rank, both completed, with the same sizes and dtypes; or one end, completed, whose other
+    the other rank's buffer does not hold (what ``classify`` calls OK, that one unknown). A pipeline job's
+    transfers are millions, nearly all of them so. One item a transfer in each list."""
 
     group: Group
     source: int
     destination: int
     indices: list[int]  # as ``PairOp.index``
-    send_rows: list[int]  # the send's row in the source's dump
-    recv_rows: list[int]  # the recv's row in the destination's dump
+    send_rows: list[int]  # the send's row in the source's dump (``NONE``: it holds none)
+    recv_rows: list[int]  # the recv's row in the destination's dump (``NONE``: it holds none)
     first_times: list[int]  # when the first of its ends was enqueued
     names: list[str]  # the op most of its ranks issued (``_scan_transfer``)
     in_batch: list[bool]  # either end in a batch
@@ -183,7 +184,8 @@ def _settle(job: Job, key: PairKey, send_rows: HeldRows, recv_rows: HeldRows, ba
     ops, sizes, dtypes = (sends.tables[name] for name in ("ops", "sizes", "dtypes"))
     settled = Settled(group, src, dst, [], [], [], [], [], [])
     send_base, recv_base = bases
-    for index in range(max(send_base, recv_base), min(send_base + len(sends.states), recv_base + len(recvs.states))):
+    both = range(max(send_base, recv_base), min(send_base + len(sends.states), recv_base + len(recvs.states)))
+    for index in both:
         at, other = index - send_base, index - recv_base
         size, dtype = sends.sizes[at], sends.dtypes[at]
         # as ``classify`` compares them: the input sizes and dtypes (ids: one per value), where there are some
@@ -201,6 +203,18 @@ def _settle(job: Job, key: PairKey, send_rows: HeldRows, recv_rows: HeldRows, ba
         settled.first_times.append(min(sends.created[at], recvs.created[other]))
         settled.names.append(max(ops[sends.ops[at]][1], ops[recvs.ops[other]][1]))
         settled.in_batch.append(sends.closed[at] or recvs.closed[other])
+    # one end only, the other older than its rank's buffer or lost with it: a transfer completes only once
+    # both ends ran, so the other is unknown (``_never_posted``), and the op OK
+    for ends, base, rows, is_send in ((sends, send_base, send_rows[1], True), (recvs, recv_base, recv_rows[1], False)):
+        for at, state in enumerate(ends.states):
+            if state != completed or base + at in both:
+                continue
+            settled.indices.append(base + at)
+            settled.send_rows.append(rows[at] if is_send else NONE)
+            settled.recv_rows.append(NONE if is_send else rows[at])
+            settled.first_times.append(ends.created[at])
+            settled.names.append(ops[ends.ops[at]][1])
+            settled.in_batch.append(ends.closed[at])
     return settled if settled.indices else None
 
 
