@@ -17,9 +17,9 @@ batch with no op still waiting gives way to another. With nothing completed on e
 ops of both sides meet. What one side holds beyond the other's newest op the other never posted (missing); what lies
 before a wrapped side's oldest op is unknown.
 
-Nearly every transfer of a job completed on both ends alike: those are settled from the ranks' columns, a
-pair's at once, with no entry made (``Settled``); only the others are made into entries and lined up one
-by one (``PairOp``).
+Nearly every transfer of a job completed on both ends alike, or completed on the one end a rank's buffer
+still holds: those are settled from the ranks' columns, a pair's at once, with no entry made
+(``Settled``); only the others are made into entries and lined up one by one (``PairOp``).
 """
 
 from __future__ import annotations
