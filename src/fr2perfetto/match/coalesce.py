@@ -40,8 +40,8 @@ LINKED_FIELDS = ("closed_by", "is_p2p", "p2p_local", "collective_seq")
 
 @dataclass(slots=True)
 class _Fields:
-    """What linking reads of a rank's entries, a list a field in row order (from its columns where its
-    entries are made from them: a pipeline that batches links every rank's thousands, too many to make)."""
+    """What linking reads of a rank's entries, one list per field, in row order: read from its columns where
+    its entries are made from them (a pipeline that batches links every rank's thousands, too many to make)."""
 
     group: list[str]
     ends: list[bool]  # closes a coalesced group
