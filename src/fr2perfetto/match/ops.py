@@ -189,21 +189,19 @@ def _settled_ops(
         settled.indices, settled.send_rows, settled.recv_rows, settled.first_times, settled.names, settled.in_batch,
         strict=True,
     )  # fmt: skip
+    unknown: tuple[int, ...]
     for index, send, recv, first_time, name, in_batch in transfers:
         if send != NONE and recv != NONE:
+            held, unknown = ranks, ()
             rows = array("I", (send, recv) if send_first else (recv, send))
-            op = MatchedOp(
-                group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, ranks, rows), peers=peers,
-                first_time_ns=first_time, created_ns=(), states=completed(2), name=name, in_batch=in_batch,
-            )  # fmt: skip
         else:
-            one, unknown = alone[source if send != NONE else destination]
+            held, unknown = alone[source if send != NONE else destination]
             rows = array("I", (send if send != NONE else recv,))
-            op = MatchedOp(
-                group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, one, rows), peers=peers,
-                unknown=unknown, first_time_ns=first_time, created_ns=(), states=completed(1), name=name,
-                in_batch=in_batch,
-            )  # fmt: skip
+        op = MatchedOp(
+            group=group, kind="p2p", seq=index, entries=EntriesByRank(entries_of, held, rows), peers=peers,
+            unknown=unknown, first_time_ns=first_time, created_ns=(), states=completed(len(rows)), name=name,
+            in_batch=in_batch,
+        )  # fmt: skip
         ops.append(op)
     return ops
 
