@@ -63,6 +63,7 @@ import nccl_sim as sim
 from fr2perfetto.base.model import Finding, RankDump
 from fr2perfetto.convert import Analysis, analyse
 from fr2perfetto.diagnose.verdict import exit_code
+from fr2perfetto.read.columns import JobTables, column_bytes, from_entries
 from fr2perfetto.read.job import build_job, load_job
 from fr2perfetto.read.reader import normalise
 from fr2perfetto.read.redact import redact_dumps
@@ -489,15 +490,23 @@ def dumps(scenario: Scenario) -> dict[int, dict[str, object]]:
     return {rank: doc for rank, doc in documents.items() if rank not in scenario.lost}
 
 
-def read_documents(documents: dict[int, dict[str, object]], json_ranks: tuple[int, ...] = ()) -> dict[int, RankDump]:
-    """Dump documents read as the reader reads an unpickled (or JSON) file."""
+def read_documents(
+    documents: dict[int, dict[str, object]], json_ranks: tuple[int, ...] = (), as_columns: bool = True
+) -> dict[int, RankDump]:
+    """Dump documents read as the reader reads an unpickled (or JSON) file: each rank's entries made from its
+    columns, ids into one set of tables, as ``load_job`` gives them (``as_columns=False``: held as a list,
+    as ``read_dump`` gives a JSON file's)."""
     read: dict[int, RankDump] = {}
+    tables = JobTables({})
     for rank, doc in documents.items():
         raw = {k: v for k, v in doc.items() if k not in ("pg_status_lists", "dumped_at")}
         if rank in json_ranks:
             raw = _as_json(raw)
-        read[rank] = normalise(raw, rank=rank, path=f"/dumps/nccl_trace_rank_{rank}", host=None,
-                               file_format="json" if rank in json_ranks else "pickle")  # fmt: skip
+        dump = read[rank] = normalise(raw, rank=rank, path=f"/dumps/nccl_trace_rank_{rank}", host=None,
+                                      file_format="json" if rank in json_ranks else "pickle")  # fmt: skip
+        if as_columns:
+            made = from_entries(rank, dump.entries)
+            tables.fill(dump, column_bytes(made), made.tables)
     return read
 
 
@@ -617,12 +626,12 @@ def judge(
     code is 0 for anything but healthy (or not 0 for healthy), or where a faulty program is called
     healthy. ``alone``: for two runs, the analysis of the newer run's dumps read alone."""
     verdict = analysis.diagnosis.verdict
-    said = _said(analysis)
+    said = verdict_line(analysis)
     contradictions = disagreements(analysis.diagnosis)
     if contradictions:  # right or not, words that contradict each other mislead
         return WRONG, f"{said}\n  its words disagree: {'; '.join(contradictions)}"
     if redacted is not None and _gist(redacted) != _gist(analysis):
-        return WRONG, f"{said}\n  redacted, it says: {_said(redacted)}"
+        return WRONG, f"{said}\n  redacted, it says: {verdict_line(redacted)}"
     if (exit_code(verdict.status) == 0) != (verdict.status == "healthy"):
         return WRONG, f"{said}\n  exit code {exit_code(verdict.status)}"
     if scenario.faulty and verdict.status == "healthy":
@@ -633,7 +642,8 @@ def judge(
     return (RIGHT if right else UNDECIDED if undecided else WRONG), said
 
 
-def _said(analysis: Analysis) -> str:
+def verdict_line(analysis: Analysis) -> str:
+    """The verdict's status, culprits and summary, and the kinds of the findings in order, on one line."""
     verdict = analysis.diagnosis.verdict
     kinds = [f.kind for f in analysis.diagnosis.findings]
     return f"{verdict.status} culprits={list(verdict.culprit_ranks)} kinds={kinds}: {verdict.summary}"
@@ -730,7 +740,7 @@ def examine(seed: int, fault: str | None = None, mix: tuple[str, ...] = FAULTS) 
 
 
 def _judged(scenario: Scenario, outcome: str, said: str, analysis: Analysis, redacted: Analysis) -> Judged:
-    differs = _said(redacted) if _gist(redacted) != _gist(analysis) else ""
+    differs = verdict_line(redacted) if _gist(redacted) != _gist(analysis) else ""
     return Judged(scenario, outcome, said, analysis.diagnosis.verdict.status, differs)
 
 
@@ -745,7 +755,7 @@ def _examine_two_runs(scenario: Scenario) -> Judged:
         reference = analyse(load_job([alone], jobs=1))
         outcome, said = judge(scenario, analysis, redacted, reference)
     if outcome == WRONG and "\n" not in said:
-        said += f"\n  the newer run alone: {_said(reference)}"
+        said += f"\n  the newer run alone: {verdict_line(reference)}"
     return _judged(scenario, outcome, said, analysis, redacted)
 
 

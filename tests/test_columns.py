@@ -139,8 +139,8 @@ def _matched(job: object) -> list[tuple[object, ...]]:
 @pytest.mark.parametrize("sample", ["gloo/type_mismatch", "gloo/size_mismatch", "nccl/wrap"])
 def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(sample: str):
     """Columns read together share one set of tables; a dump read on its own (from an archive) has its own,
-    and one whose entries changed (redaction, coalesced groups) holds its entries, not columns: the
-    matcher moves them all into one set, so that equal ids mean equal values (else one rank's op could
+    and one whose entries are held as a list (a JSON dump the live watch read) has none: the matcher
+    moves them all into one set, so that equal ids mean equal values (else one rank's op could
     pass for another's, and a mismatch go unseen), and matches the same ops."""
     from fr2perfetto.read.job import load_job
 
@@ -469,3 +469,58 @@ def test_transfers_settled_from_columns_are_the_ops_their_entries_make(sample: s
         assert len(settled) == statuses.count("ok") > 0
     if sample.startswith("wrapped "):  # one end held, the other older than its rank's buffer: OK, unknown
         assert sum(1 for op in from_columns if op[4] == "ok" and op[11]) >= 8
+
+
+def test_redacting_columns_gives_the_placeholders_that_redacting_every_entry_gives():
+    """Redaction makes a rank's entries, where they are made from columns, only at the rows where a value
+    first appears, and then redacts the job's tables once. Each value gets the placeholder that redacting
+    every entry in turn gives it: values are met rank by rank, entry by entry and field by field, not column
+    by column nor in the tables' order. The entries stay made from columns, and a value of the tables that
+    no dump of the job holds (one left out after it was read) is shown as nothing."""
+    from fr2perfetto.base.model import Frame, RankDump, group_counts
+    from fr2perfetto.read.redact import Redactor, redact_dumps
+
+    from .helpers import make_entry
+
+    def stack(name: str) -> tuple[Frame, ...]:
+        return (Frame(name, f"/home/alice/{name}.py", 3),)
+
+    read = {  # in the order their tables are merged: rank 1's values take the first ids
+        1: [make_entry(rank=1, group_name="trainers", thread_name="worker", op="fused_x", output_dtypes=("Fancy",)),
+            make_entry(rank=1, group_name="trainers", input_dtypes=("Odd",), frames=stack("step"))],
+        0: [make_entry(group_desc="mine", thread_id="main_t", input_dtypes=("Odd",), output_dtypes=("Weird",)),
+            make_entry(input_dtypes=("Strange",), frames=stack("loss"), backend="mybackend")],
+        3: [make_entry(rank=3, group_desc="mine", thread_id="main_t", input_dtypes=("Odd",), output_dtypes=("Weird",),
+                       record_id=row) for row in range(500)],
+        2: [make_entry(rank=2, group_name="secret_group", op="secret_op")],  # read, then left out of the job
+    }  # fmt: skip
+
+    def job(from_columns: bool) -> tuple[dict[int, RankDump], columns.Tables]:
+        tables, dumps = columns.JobTables({}), {}
+        for rank, entries in read.items():
+            dump = dumps[rank] = RankDump(rank, f"/data/nccl_trace_rank_{rank}", None, "2.10", "pickle", "",
+                                          list(entries), {}, group_counts=group_counts(entries))  # fmt: skip
+            if from_columns:
+                made = columns.from_entries(rank, entries)
+                tables.fill(dump, columns.column_bytes(made), made.tables)
+        del dumps[2]
+        return dumps, tables.values
+
+    held, _ = job(False)
+    made, tables = job(True)
+    given, asked = [], []
+    real_rows = columns.EntryRows.rows
+    with mock.patch.object(columns.EntryRows, "rows", lambda self, rows: asked.extend(rows) or real_rows(self, rows)):
+        for dumps in (held, made):
+            redactor = Redactor()
+            redact_dumps(dumps, [], redactor=redactor)
+            given.append(list(redactor._given.items()))
+    assert given[0] == given[1]
+    assert [value for (kind, value), _ in given[1] if kind == "dtype"] == ["Odd", "Weird", "Strange", "Fancy"]
+    assert not any("secret" in value for (_, value), _ in given[1])  # no placeholder given to what is not shown
+    assert len(asked) == 4  # rank 0's two rows, rank 1's two, none of rank 3's
+    for rank, dump in made.items():
+        assert isinstance(dump.entries, columns.EntryRows) and dump.entries.tables is not tables
+        assert list(dump.entries) == held[rank].entries and dump.group_counts == held[rank].group_counts
+    shown = made[0].entries.tables
+    assert "secret" in repr(tables) and "secret" not in repr(shown) and "alice" not in repr(shown)

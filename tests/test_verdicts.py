@@ -53,6 +53,23 @@ def test_redaction_never_changes_a_verdict(judged):
 
 
 @pytest.mark.slow
+def test_entries_held_as_a_list_get_what_entries_made_from_columns_get():
+    """``analyze`` makes a rank's entries from its columns; the live watch holds a JSON dump's as a list.
+    Both ways a program gets the same findings and verdict, as read and redacted (placeholders included)."""
+    differ = []
+    for seed in range(0, len(SEEDS), 4):
+        scenario = programs.generate(seed)
+        documents = programs.dumps(scenario)
+        said = []
+        for as_columns in (True, False):
+            read = programs.read_documents(documents, scenario.json_ranks, as_columns)
+            said.append(tuple(map(programs.verdict_line, programs.analyse_twice(read))))
+        if said[0] != said[1]:
+            differ.append(f"{scenario.describe()}\n  from columns: {said[0]}\n  from a list: {said[1]}")
+    assert not differ, "\n".join(differ)
+
+
+@pytest.mark.slow
 def test_healthy_programs_are_healthy_and_faults_are_named(judged):
     outcomes: dict[str, Counter[str]] = {}
     for j in judged:

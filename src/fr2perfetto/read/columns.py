@@ -370,6 +370,17 @@ class EntryRows(_MadeFromRows):
         self._sources, self._constant = _constants(count, sources)
         self.tables = tables  # those the sources' ids index, where they are a set of tables (``fill``)
 
+    def with_tables(self, tables: Tables) -> EntryRows:
+        """These rows, their ids read into ``tables`` instead of ``self.tables``: tables of the same names and
+        lengths, whose values stand for these one for one (redaction's placeholders). No column is copied."""
+        if self.tables is None:
+            raise ValueError("with_tables: rows whose ids index no set of tables")
+        swap = {id(old): tables[name] for name, old in self.tables.items()}
+        sources = [(kind, data, swap.get(id(extra), extra)) for kind, data, extra in self._sources]
+        for index, (kind, one, extra) in self._constant.items():  # held as its value: made again from its id
+            sources[index] = (kind, one * self._count, swap.get(id(extra), extra))
+        return EntryRows(self._count, sources, tables)
+
     def kept_columns(self) -> dict[str, bytes] | None:
         """The columns the matcher reads (``KEPT_COLUMNS``) as the bytes the entries are made from (ids into
         ``tables``); None without tables."""
@@ -392,7 +403,8 @@ class EntryRows(_MadeFromRows):
         index = Entry._fields.index(field)
         constant = self._constant.get(index)
         if constant is not None:
-            return constant * self._count
+            one: bytes = constant[1]
+            return one * self._count
         kind, data, _ = self._sources[index]
         return data if kind in _WIDTHS and type(data) is bytes else None
 
@@ -411,7 +423,8 @@ class EntryRows(_MadeFromRows):
             raise IndexError("entry index out of range")
         constant = self._constant.get(index)
         if constant is not None:
-            return memoryview(constant).cast(_INTS[len(constant)]).tolist() * len(rows)
+            one = constant[1]
+            return memoryview(one).cast(_INTS[len(one)]).tolist() * len(rows)
         kind, data, _ = self._sources[index]
         if kind not in _WIDTHS or type(data) is not bytes:
             return None
@@ -606,9 +619,10 @@ _WIDTHS = {"q": 8, "Q": 8, "d": 8, "I": 4, "B": 1, "0": 4, "1": 4}  # bytes per 
 _INTS: dict[int, Literal["q", "I", "B"]] = {8: "q", 4: "I", 1: "B"}  # an integer column's format, by its width
 
 
-def _constants(count: int, sources: list[Source]) -> tuple[list[Source], dict[int, bytes]]:
+def _constants(count: int, sources: list[Source]) -> tuple[list[Source], dict[int, Source]]:
     """``sources`` where each column that holds one value in every row is that value, as an entry made from
-    it holds it (a ``"c"`` source); and those columns' one value as bytes, by field index."""
+    it holds it (a ``"c"`` source); and, by field index, those columns' sources as they were but for their
+    data, one row's bytes."""
     made, constant = list(sources), {}
     first: Entry | None = None
     for index, (kind, data, _) in enumerate(sources):
@@ -618,7 +632,7 @@ def _constants(count: int, sources: list[Source]) -> tuple[list[Source], dict[in
         if first is None:
             first = make_entries(Entry, count, sources, bytes(4))[0]  # row 0, made as any other row
         made[index] = ("c", None, first[index])
-        constant[index] = data[:width]
+        constant[index] = (kind, data[:width], sources[index][2])
     return made, constant
 
 

@@ -20,7 +20,11 @@ verdict with it.
 from __future__ import annotations
 
 import re
+from array import array
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ..base.model import (
     LOG_CHILD_FAILED,
@@ -36,6 +40,7 @@ from ..base.model import (
     group_counts,
 )
 from ..base.text import is_number
+from .columns import EntryRows, Tables, first_uses
 from .files import parse_dump_name
 
 KNOWN_OPS = {
@@ -168,9 +173,13 @@ def redact_dumps(
 ) -> list[LoadProblem]:
     """Redact the dumps in place (paths, hosts, every string of every entry and of their configs) and
     return the problems with their paths, and any path quoted in them, redacted. ``redactor``: the one
-    whose placeholders the evidence beside the dumps gets too (``redact_evidence``)."""
+    whose placeholders the evidence beside the dumps gets too (``redact_evidence``). Entries made from
+    columns stay so, their ids into the job's tables redacted (``EntryRows.with_tables``): a job of
+    thousands of ranks is never held as one object per entry."""
     redactor = redactor if redactor is not None else Redactor(keep_names)
     paths = redactor.paths
+    # the tables that ranks' entries made from columns index (by their id): the ids of each met so far
+    tables_met: dict[int, tuple[Tables, dict[str, set[int]]]] = {}
     for rank in sorted(dumps):
         dump = dumps[rank]
         paths[dump.path] = dump.path = redactor.file(dump.path)
@@ -184,9 +193,85 @@ def redact_dumps(
             for key, c in dump.pg_config.items()
         }
         dump.pg_status = {redactor.group_name(key): value for key, value in dump.pg_status.items()}
-        dump.entries = [_entry(redactor, entry) for entry in dump.entries]
-        dump.group_counts = group_counts(dump.entries)
+        rows = dump.entries
+        if isinstance(rows, EntryRows) and rows.tables is not None:  # made from columns: only new values met
+            met = tables_met.setdefault(id(rows.tables), (rows.tables, {name: set() for name in _READ_FROM}))[1]
+            for entry in rows.rows(_rows_first_using(rows, met)):
+                _entry(redactor, entry)
+        else:
+            dump.entries = [_entry(redactor, entry) for entry in rows]
+            dump.group_counts = group_counts(dump.entries)
+    redacted = {key: _redacted_tables(redactor, tables, met) for key, (tables, met) in tables_met.items()}
+    for dump in dumps.values():
+        rows = dump.entries
+        if isinstance(rows, EntryRows) and rows.tables is not None:
+            dump.entries = rows.with_tables(redacted[id(rows.tables)])
+            dump.group_counts = _redacted_counts(redactor, dump)
     return redact_problems(problems, redactor)
+
+
+# The tables whose values redaction changes, and the fields of ``Entry`` read from each (by their ids)
+_READ_FROM = {
+    "groups": ("group_name",), "ops": ("op",), "threads": ("thread_id",), "dtypes": ("input_dtypes", "output_dtypes"),
+    "stacks": ("frames",),
+}  # fmt: skip
+
+
+def _rows_first_using(rows: EntryRows, met: dict[str, set[int]]) -> list[int]:
+    """The rows of ``rows`` where an id of a table in ``_READ_FROM`` first appears that is not in ``met`` (by
+    table), ascending; ``met`` takes those ids. Redacting the entries at these rows, in this order, meets
+    the values that redacting every entry would, in the same order (so each gets the same placeholder):
+    an entry whose ids were all met before holds no value not met before."""
+    wanted: set[int] = set()
+    for table, fields in _READ_FROM.items():
+        seen = met[table]
+        first: dict[int, int] = {}  # id -> the row it first appears at
+        for field in fields:
+            column = rows.column(field)
+            assert column is not None  # a field read from a table: its ids are a column
+            for new in set(first_uses(column)) - seen:
+                row = _first_row(column, new)
+                first[new] = min(first.get(new, row), row)
+        seen.update(first)
+        wanted.update(first.values())
+    return sorted(wanted)
+
+
+def _first_row(ids: bytes, wanted: int) -> int:
+    """The first row of a column of ids (uint32 bytes) that holds ``wanted``."""
+    needle = array("I", [wanted]).tobytes()
+    at = ids.find(needle)
+    while at % 4:  # the end of one id and the start of the next
+        at = ids.find(needle, at + 1)
+    return at // 4
+
+
+def _redacted_tables(redactor: Redactor, tables: Tables, met: dict[str, set[int]]) -> Tables:
+    """``tables`` with each value redacted as ``_entry`` redacts it, for the ids met (every value meets the
+    redactor first through an entry, in the order of the entries); a value no entry read is left out."""
+
+    def each(name: str, redact: Callable[[Any], Any], left_out: Any) -> list[Any]:
+        seen = met[name]
+        return [redact(value) if index in seen else left_out for index, value in enumerate(tables[name])]
+
+    return {
+        **tables,
+        "groups": each("groups", lambda g: (redactor.group_name(g[0]), redactor.desc(g[1])), (LEFT_OUT, LEFT_OUT)),
+        "ops": each("ops", lambda o: (redactor.backend(o[0]), redactor.op(o[1])), (LEFT_OUT, LEFT_OUT)),
+        "threads": each("threads", lambda t: (redactor.thread(t[0]), redactor.thread(t[1])), (LEFT_OUT, LEFT_OUT)),
+        "dtypes": each("dtypes", lambda dtypes: tuple(map(redactor.dtype, dtypes)), ()),
+        "stacks": each("stacks", lambda frames: redactor.stack(frames) if frames else frames, ()),
+    }
+
+
+def _redacted_counts(redactor: Redactor, dump: RankDump) -> dict[tuple[str, str], int]:
+    """``dump.group_counts`` of its entries redacted (read from its columns where the reader counted them)."""
+    if dump.group_counts is None:
+        return group_counts(dump.entries)
+    counts: Counter[tuple[str, str]] = Counter()
+    for (name, desc), count in dump.group_counts.items():
+        counts[(redactor.group_name(name), redactor.desc(desc))] += count
+    return dict(counts)
 
 
 def redact_problems(problems: list[LoadProblem], redactor: Redactor) -> list[LoadProblem]:
