@@ -578,9 +578,13 @@ def info(
         _keep_until_exit(job)
     if job.runs:
         _print_runs(job)
-    # read from the columns, where the entries are made when asked for: no entry is made for this
-    created = {rank: distinct_values(dump.entries, "time_created_ns") for rank, dump in job.dumps.items()}
-    all_times = [min(times) for times in created.values() if times]
+    # each rank's first and last enqueue, read from its columns (no entry made), one rank's times held at once
+    created: dict[int, tuple[int, int]] = {}
+    for rank, read in job.dumps.items():
+        times = distinct_values(read.entries, "time_created_ns")
+        if times:
+            created[rank] = (min(times), max(times))
+    all_times = [first for first, _ in created.values()]
     day = _clock(min(all_times))[:10] if all_times else ""
     with_hosts = any(job.host_of(rank) for rank in job.ranks)
     with_endings = bool(job.endings)
@@ -612,8 +616,8 @@ def info(
             continue
         say_dumpless()
         backends = ",".join(sorted(distinct_values(dump.entries, "backend"))) or "-"
-        times = created[rank]
-        first, last = (_clock(min(times))[11:23], _clock(max(times))[11:23]) if times else ("", "")
+        span = created.get(rank)
+        first, last = (_clock(span[0])[11:23], _clock(span[1])[11:23]) if span else ("", "")
         rows.append([str(rank), *host, os.path.basename(dump.path), dump.version, dump.file_format, backends,
                      str(len(dump.entries)), first, last, *ended])  # fmt: skip
     say_dumpless()
