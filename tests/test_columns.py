@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from fr2perfetto.base.model import Entry
+from fr2perfetto.base.model import Entry, RankDump
 from fr2perfetto.base.speedups import SPEEDUPS
 from fr2perfetto.read import columns, reader
 from fr2perfetto.read.reader import DumpError, read_dump_columns, read_dump_reference
@@ -165,6 +165,14 @@ def test_the_matcher_gives_the_same_ops_whatever_tables_the_ranks_columns_index(
     assert _matched(job) == expected
 
 
+def _read_as_load_job_reads(path: str) -> RankDump:
+    """The dump at ``path`` with its entries made from its columns, as ``load_job`` gives it, whichever reader
+    read it (``read_dump`` holds the entries the Python reader made where the C reader is not built)."""
+    dump, read = read_dump_columns(path)
+    columns.JobTables({}).fill(dump, columns.column_bytes(read), read.tables)
+    return dump
+
+
 @pytest.mark.parametrize("sample", ["nccl/pipeline_1f1b/nccl_trace_rank_1", "gloo/skip/gloo_trace_rank_2"])
 @pytest.mark.parametrize("in_c", [True, False])
 def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: str, in_c: bool):
@@ -176,7 +184,7 @@ def test_entries_read_are_made_from_the_columns_as_they_are_asked_for(sample: st
         mock.patch.object(columns, "_speedups", SPEEDUPS if in_c else None),
         mock.patch.object(columns.EntryRows, "CHUNK", 3),  # iterated a few rows at a time
     ):
-        dump = reader.read_dump(path)
+        dump = _read_as_load_job_reads(path)
         entries = dump.entries
         assert isinstance(entries, columns.EntryRows) and len(entries) == len(expected) > 4
         assert dump.has_timing == ("nccl" in sample) == read_dump_reference(path).has_timing  # from columns
@@ -232,7 +240,7 @@ def test_a_collective_is_found_in_a_ranks_columns_as_in_its_entries(sample: str)
     as a walk finds it."""
     from fr2perfetto.diagnose.streams import _anchor
 
-    entries = reader.read_dump(str(ROOT / "samples" / sample)).entries
+    entries = _read_as_load_job_reads(str(ROOT / "samples" / sample)).entries
     assert isinstance(entries, columns.EntryRows)
     held = list(entries)
     asked = {(e.group_name, e.collective_seq) for e in held} | {("0", -5), ("no such group", 1)}
@@ -477,7 +485,7 @@ def test_redacting_columns_gives_the_placeholders_that_redacting_every_entry_giv
     every entry in turn gives it: values are met rank by rank, entry by entry and field by field, not column
     by column nor in the tables' order. The entries stay made from columns, and a value of the tables that
     no dump of the job holds (one left out after it was read) is shown as nothing."""
-    from fr2perfetto.base.model import Frame, RankDump, group_counts
+    from fr2perfetto.base.model import Frame, group_counts
     from fr2perfetto.read.redact import Redactor, redact_dumps
 
     from .helpers import make_entry
