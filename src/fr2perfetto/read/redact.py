@@ -178,8 +178,10 @@ def redact_dumps(
     thousands of ranks is never held as one object per entry."""
     redactor = redactor if redactor is not None else Redactor(keep_names)
     paths = redactor.paths
+    redact = _value_redactions(redactor)
     # the tables that ranks' entries made from columns index (by their id): the ids of each met so far
     tables_met: dict[int, tuple[Tables, dict[str, set[int]]]] = {}
+    from_columns: list[RankDump] = []
     for rank in sorted(dumps):
         dump = dumps[rank]
         paths[dump.path] = dump.path = redactor.file(dump.path)
@@ -197,24 +199,18 @@ def redact_dumps(
         if isinstance(rows, EntryRows) and rows.tables is not None:  # made from columns: only new values met
             met = tables_met.setdefault(id(rows.tables), (rows.tables, {name: set() for name in _READ_FROM}))[1]
             for entry in rows.rows(_rows_first_using(rows, met)):
-                _entry(redactor, entry)
+                _entry(redact, entry)
+            from_columns.append(dump)
         else:
-            dump.entries = [_entry(redactor, entry) for entry in rows]
+            dump.entries = [_entry(redact, entry) for entry in rows]
             dump.group_counts = group_counts(dump.entries)
-    redacted = {key: _redacted_tables(redactor, tables, met) for key, (tables, met) in tables_met.items()}
-    for dump in dumps.values():
+    redacted = {key: _redacted_tables(redact, tables, met) for key, (tables, met) in tables_met.items()}
+    for dump in from_columns:
         rows = dump.entries
-        if isinstance(rows, EntryRows) and rows.tables is not None:
-            dump.entries = rows.with_tables(redacted[id(rows.tables)])
-            dump.group_counts = _redacted_counts(redactor, dump)
+        assert isinstance(rows, EntryRows) and rows.tables is not None
+        dump.entries = rows.with_tables(redacted[id(rows.tables)])
+        dump.group_counts = _redacted_counts(redact, dump)
     return redact_problems(problems, redactor)
-
-
-# The tables whose values redaction changes, and the fields of ``Entry`` read from each (by their ids)
-_READ_FROM = {
-    "groups": ("group_name",), "ops": ("op",), "threads": ("thread_id",), "dtypes": ("input_dtypes", "output_dtypes"),
-    "stacks": ("frames",),
-}  # fmt: skip
 
 
 def _rows_first_using(rows: EntryRows, met: dict[str, set[int]]) -> list[int]:
@@ -223,54 +219,40 @@ def _rows_first_using(rows: EntryRows, met: dict[str, set[int]]) -> list[int]:
     the values that redacting every entry would, in the same order (so each gets the same placeholder):
     an entry whose ids were all met before holds no value not met before."""
     wanted: set[int] = set()
-    for table, fields in _READ_FROM.items():
+    for table, (fields, _) in _READ_FROM.items():
         seen = met[table]
         first: dict[int, int] = {}  # id -> the row it first appears at
         for field in fields:
             column = rows.column(field)
             assert column is not None  # a field read from a table: its ids are a column
-            for new in set(first_uses(column)) - seen:
-                row = _first_row(column, new)
-                first[new] = min(first.get(new, row), row)
+            new = set(first_uses(column)) - seen
+            if new:
+                ids = array("I", column)
+                for id_ in new:
+                    row = ids.index(id_)
+                    first[id_] = min(first.get(id_, row), row)
         seen.update(first)
         wanted.update(first.values())
     return sorted(wanted)
 
 
-def _first_row(ids: bytes, wanted: int) -> int:
-    """The first row of a column of ids (uint32 bytes) that holds ``wanted``."""
-    needle = array("I", [wanted]).tobytes()
-    at = ids.find(needle)
-    while at % 4:  # the end of one id and the start of the next
-        at = ids.find(needle, at + 1)
-    return at // 4
-
-
-def _redacted_tables(redactor: Redactor, tables: Tables, met: dict[str, set[int]]) -> Tables:
+def _redacted_tables(redact: ValueRedactions, tables: Tables, met: dict[str, set[int]]) -> Tables:
     """``tables`` with each value redacted as ``_entry`` redacts it, for the ids met (every value meets the
     redactor first through an entry, in the order of the entries); a value no entry read is left out."""
-
-    def each(name: str, redact: Callable[[Any], Any], left_out: Any) -> list[Any]:
-        seen = met[name]
-        return [redact(value) if index in seen else left_out for index, value in enumerate(tables[name])]
-
-    return {
-        **tables,
-        "groups": each("groups", lambda g: (redactor.group_name(g[0]), redactor.desc(g[1])), (LEFT_OUT, LEFT_OUT)),
-        "ops": each("ops", lambda o: (redactor.backend(o[0]), redactor.op(o[1])), (LEFT_OUT, LEFT_OUT)),
-        "threads": each("threads", lambda t: (redactor.thread(t[0]), redactor.thread(t[1])), (LEFT_OUT, LEFT_OUT)),
-        "dtypes": each("dtypes", lambda dtypes: tuple(map(redactor.dtype, dtypes)), ()),
-        "stacks": each("stacks", lambda frames: redactor.stack(frames) if frames else frames, ()),
-    }
+    redacted = dict(tables)
+    for name, (_, left_out) in _READ_FROM.items():
+        seen, value_of = met[name], redact[name]
+        redacted[name] = [value_of(value) if index in seen else left_out for index, value in enumerate(tables[name])]
+    return redacted
 
 
-def _redacted_counts(redactor: Redactor, dump: RankDump) -> dict[tuple[str, str], int]:
+def _redacted_counts(redact: ValueRedactions, dump: RankDump) -> dict[tuple[str, str], int]:
     """``dump.group_counts`` of its entries redacted (read from its columns where the reader counted them)."""
     if dump.group_counts is None:
         return group_counts(dump.entries)
     counts: Counter[tuple[str, str]] = Counter()
-    for (name, desc), count in dump.group_counts.items():
-        counts[(redactor.group_name(name), redactor.desc(desc))] += count
+    for group, count in dump.group_counts.items():
+        counts[redact["groups"](group)] += count
     return dict(counts)
 
 
@@ -292,6 +274,13 @@ _EXCEPTION_CLASS = re.compile(r"(?:[A-Za-z_][\w]{0,40}\.){0,4}[A-Z]\w{0,40}(?:Er
 _OWN_WORDS = re.compile(r"(exit|running|signal SIG[A-Z]{2,8})$")
 _DETAILS_KEPT = {"seq", "op", "timeout_ms", "ran_ms", "exitcode", "signal", "error"}
 LEFT_OUT = "…"
+# The tables whose values redaction changes: the fields of ``Entry`` read from each (by their ids), and what
+# stands for a value of the table that no entry holds
+_READ_FROM: dict[str, tuple[tuple[str, ...], Any]] = {
+    "groups": (("group_name",), (LEFT_OUT, LEFT_OUT)), "ops": (("op",), (LEFT_OUT, LEFT_OUT)),
+    "dtypes": (("input_dtypes", "output_dtypes"), ()), "threads": (("thread_id",), (LEFT_OUT, LEFT_OUT)),
+    "stacks": (("frames",), ()),
+}  # fmt: skip
 WATCHDOG_WORDS = "Watchdog caught collective operation timeout"
 
 
@@ -364,18 +353,37 @@ def _reason(reason: str) -> str:
     return _QUOTED.sub("'…'", reason)
 
 
-def _entry(redactor: Redactor, entry: Entry) -> Entry:
-    def dtypes(values: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(map(redactor.dtype, values))
+# table name -> how one of its values is redacted (``_value_redactions``)
+ValueRedactions = dict[str, Callable[[Any], Any]]
 
+
+def _value_redactions(redactor: Redactor) -> ValueRedactions:
+    """How a value of each table in ``_READ_FROM`` is redacted: the one definition of what ``_entry`` does to
+    the fields read from it and of what the tables get (``_redacted_tables``), so that both give each value
+    the same placeholder, met in the same order."""
+    return {
+        "groups": lambda group: (redactor.group_name(group[0]), redactor.desc(group[1])),
+        "ops": lambda op: (redactor.backend(op[0]), redactor.op(op[1])),
+        "dtypes": lambda dtypes: tuple(map(redactor.dtype, dtypes)),
+        "threads": lambda thread: (redactor.thread(thread[0]), redactor.thread(thread[1])),
+        "stacks": lambda frames: redactor.stack(frames) if frames else frames,
+    }
+
+
+def _entry(redact: ValueRedactions, entry: Entry) -> Entry:
+    """``entry`` redacted; its values met group, op, input and output dtypes, thread, stack, in that order."""
+    group_name, group_desc = redact["groups"]((entry.group_name, entry.group_desc))
+    backend, op = redact["ops"]((entry.backend, entry.op))
+    input_dtypes, output_dtypes = redact["dtypes"](entry.input_dtypes), redact["dtypes"](entry.output_dtypes)
+    thread_id, thread_name = redact["threads"]((entry.thread_id, entry.thread_name))
     return entry._replace(
-        group_name=redactor.group_name(entry.group_name),
-        group_desc=redactor.desc(entry.group_desc),
-        backend=redactor.backend(entry.backend),
-        op=redactor.op(entry.op),
-        input_dtypes=dtypes(entry.input_dtypes),
-        output_dtypes=dtypes(entry.output_dtypes),
-        thread_id=redactor.thread(entry.thread_id),
-        thread_name=redactor.thread(entry.thread_name),
-        frames=redactor.stack(entry.frames) if entry.frames else entry.frames,
+        group_name=group_name,
+        group_desc=group_desc,
+        backend=backend,
+        op=op,
+        input_dtypes=input_dtypes,
+        output_dtypes=output_dtypes,
+        thread_id=thread_id,
+        thread_name=thread_name,
+        frames=redact["stacks"](entry.frames),
     )
